@@ -1,11 +1,16 @@
 """Read-only checks against the Cloud TPU API before `pulumi up` spends money.
 
     python -m infra.preflight [--stack dev]
+    python -m infra.preflight --compile [--stack prod] [--depths 6,12,18]
 
 For every TPU VM of the stack: the accelerator type and the runtime version are offered in the
 configured zone, and no node of the same name is left in PREEMPTED state (a preempted spot node
 is not restarted by anything and blocks re-creation). It also refuses the placeholders of the
 checked-in stack files. It changes nothing and ends with one verdict line.
+
+`--compile` instead compiles the stack's training step for its TPU topology on this machine, with
+no TPU and no cloud calls (infra/compile_check.py): per-chip peak HBM, FLOPs, XLA's estimated
+step time and the tokens/s and MFU they imply, and whether the step fits.
 """
 
 from __future__ import annotations
@@ -257,6 +262,45 @@ def _default_stack() -> str:
     return "dev"
 
 
+def _depths(text: str) -> tuple[int, ...]:
+    try:
+        depths = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--depths {text!r}: expected comma-separated layer counts, e.g. 6,12,18"
+        ) from None
+    bad = [d for d in depths if d <= 0 or d % 6]
+    if bad or len(set(depths)) != len(depths):
+        raise argparse.ArgumentTypeError(
+            f"--depths {text!r}: each must be a distinct positive multiple of 6 (the model's "
+            "5 sliding : 1 global layer pattern)"
+        )
+    return depths
+
+
+def _compile_check(stack: str, cfg: config_mod.StackConfig, depths: tuple[int, ...] | None) -> int:
+    """Exit status: 0 = the step fits, 1 = it does not (one line naming the keys), 2 = error."""
+    from infra import compile_check
+    from workloads import errors
+
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the TPU exists only as a topology here
+    try:
+        est = compile_check.check(
+            stack,
+            cfg,
+            compile_fn=compile_check.compile_depth(cfg),
+            depths=depths or (*compile_check.FIT_DEPTHS, compile_check.HOLDOUT_DEPTH),
+        )
+    except errors.UserError as exc:
+        print(f"compile-check: FAILED: {exc}")
+        return 2
+    if est is None:
+        print("compile-check: FAILED: nothing was compiled")
+        return 2
+    print(compile_check.report(est))
+    return 0 if est.fits else 1
+
+
 def _real_client() -> TpuApi:
     try:
         from google.cloud import tpu_v2
@@ -274,17 +318,38 @@ def main(argv: list[str] | None = None, client_factory: Callable[[], TpuApi] = _
     parser.add_argument(
         "--stack", help="stack name (reads Pulumi.<stack>.yaml); default: the selected stack"
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile the stack's training step for its TPU without one (needs libtpu: "
+        "pip install -e '.[compile]'); no cloud calls",
+    )
+    parser.add_argument(
+        "--depths",
+        type=_depths,
+        default=None,
+        help="with --compile: comma-separated layer counts to compile, multiples of 6; the "
+        "first two are fitted, a third is the held-out check (default 6,12,18)",
+    )
     parser.add_argument("--root", default=str(ROOT), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     stack = args.stack or _default_stack()
     path = pathlib.Path(args.root) / f"Pulumi.{stack}.yaml"
     try:
-        cfg = config_mod.parse_stack_config(config_mod.read_stack_file(path))
+        # The compile check measures the settings as they are; validation's own verdict on
+        # them (its HBM rule is a deliberate over-estimate) is printed next to it.
+        cfg = config_mod.parse_stack_config(
+            config_mod.read_stack_file(path), validate=not args.compile
+        )
     except config_mod.ConfigError as exc:
         for problem in exc.problems:
             print(f"FAIL  {problem}")
         print(f"preflight: FAILED: {path.name} is invalid ({len(exc.problems)} problem(s))")
         return 2
+    if args.compile:
+        for problem in validation.check(cfg):
+            print(f"note: `pulumi up` refuses this stack as it is: {problem}")
+        return _compile_check(stack, cfg, args.depths)
     print(f"preflight: stack {stack} (project {cfg.project}), read-only")
     ok, report = verdict(
         run_preflight(cfg, client_factory, has_hf_token=config_mod.stack_file_has_hf_token(path))

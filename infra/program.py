@@ -15,8 +15,8 @@ from typing import Any
 
 import pulumi
 
+from infra import compile_check, runconfig_render, startup
 from infra import config as config_mod
-from infra import runconfig_render, startup
 from infra.components import apis as apis_mod
 from infra.components import bucket as bucket_mod
 from infra.components import deployment as deploy_mod
@@ -377,6 +377,28 @@ def run() -> StackResources:
             f"`pulumi config set {config_mod.PROJECT}:project <id>` "
             "(`python -m infra.preflight` checks it)"
         )
+    report_compile_check(cfg, pulumi.get_stack())
     resources = build(cfg, token, ssh_keys=ssh_keys, stack=pulumi.get_stack())
     export(resources)
     return resources
+
+
+def report_compile_check(cfg: config_mod.StackConfig, stack: str) -> None:
+    """Shows the last deviceless compile check of these exact training settings (from its
+    cache, nothing is compiled here); a step that XLA found too big for the chip stops the
+    program before anything is declared.
+
+    Raises:
+        pulumi.RunError: the cached compile check says the step does not fit.
+    """
+    summary = compile_check.cached_summary(stack, cfg)
+    if summary is None:
+        pulumi.log.info(
+            "compile-check: no result for these training settings yet; `python -m "
+            f"infra.preflight --compile --stack {stack}` compiles the step for "
+            f"{cfg.training.accelerator} on this machine (a few minutes, no TPU needed)"
+        )
+    elif compile_check.DOES_NOT_FIT in summary:
+        raise pulumi.RunError(f"{summary}; nothing was created")
+    else:
+        pulumi.log.info(summary)

@@ -30,6 +30,9 @@ LIBTPU_FIND_LINKS = "https://storage.googleapis.com/jax-releases/libtpu_releases
 TRAIN_REQUIREMENTS: tuple[str, ...] = (
     f"--find-links {LIBTPU_FIND_LINKS}",
     "jax[tpu]==0.10.2",
+    # The TPU compiler itself: the same release the deviceless compile check uses (pyproject's
+    # `compile` extra), so what that check compiled is what the VM compiles.
+    "libtpu==0.0.42.1",
     "flax==0.12.8",
     "google-tunix==0.1.7",
     "qwix==0.1.8",

@@ -13,6 +13,22 @@ GB = 1000**3
 
 
 @dataclasses.dataclass(frozen=True)
+class TpuTopology:
+    """How libtpu names a slice's chip layout (what `jax.experimental.topologies` takes to
+    describe the slice's devices for a compile without a TPU).
+
+    Attributes:
+        name: `<generation>:<x>x<y>x<z>` chips, e.g. `v5:2x2x1` for the 4 chips of a v5p-8.
+        chip_config: `megacore` on v5p (the chip's two TensorCores form one JAX device).
+        chips_per_host_bounds: chips per TPU VM worker along each axis.
+    """
+
+    name: str
+    chip_config: str
+    chips_per_host_bounds: tuple[int, int, int]
+
+
+@dataclasses.dataclass(frozen=True)
 class Accelerator:
     """One TPU slice type as Cloud TPU sells it.
 
@@ -32,6 +48,7 @@ class Accelerator:
         zones: zones that offer this accelerator type (ordered: preferred first).
         hourly_usd: on-demand price of the whole slice, USD per hour.
         peak_bf16_flops_per_chip: dense bf16 peak, used for the MFU estimate.
+        topology: the chip layout for the deviceless compile check (None: not supported).
     """
 
     name: str
@@ -47,6 +64,7 @@ class Accelerator:
     zones: tuple[str, ...]
     hourly_usd: float
     peak_bf16_flops_per_chip: float
+    topology: TpuTopology | None = None
 
     @property
     def devices_per_host(self) -> int:
@@ -103,6 +121,7 @@ ACCELERATORS: dict[str, Accelerator] = {
             _V5P_ZONES,
             16.80,
             459e12,
+            topology=TpuTopology("v5:2x2x1", "megacore", (2, 2, 1)),
         ),
         Accelerator(
             "v5p-16",
@@ -118,6 +137,7 @@ ACCELERATORS: dict[str, Accelerator] = {
             _V5P_ZONES,
             round(8 * _V5P_CHIP_USD, 2),
             459e12,
+            topology=TpuTopology("v5:2x2x2", "megacore", (2, 2, 1)),
         ),
         Accelerator(
             "v5p-32",
@@ -133,6 +153,7 @@ ACCELERATORS: dict[str, Accelerator] = {
             _V5P_ZONES,
             round(16 * _V5P_CHIP_USD, 2),
             459e12,
+            topology=TpuTopology("v5:2x2x4", "megacore", (2, 2, 1)),
         ),
         Accelerator(
             "v6e-8",
@@ -208,6 +229,20 @@ class ModelSpec:
     def head_counts(self) -> tuple[int, int, int]:
         """Every head count a tensor-parallel axis must divide (query, local KV, global KV)."""
         return (self.num_heads, self.num_kv_heads, self.num_global_kv_heads)
+
+    def text_parameters(self) -> int:
+        """Parameters of the text model: the tied embedding, attention and MLP weights (norms,
+        a few hundred thousand, left out). 30.7 B for Gemma 4 31B; the vision tower is extra."""
+        mlp = 3 * self.embed_dim * self.mlp_dim
+        local = 2 * self.num_heads * self.head_dim * self.embed_dim + (
+            2 * self.num_kv_heads * self.head_dim * self.embed_dim
+        )
+        # Global layers: queries and outputs at the global head size, one K(=V) projection.
+        glob = 2 * self.num_heads * self.global_head_dim * self.embed_dim + (
+            self.num_global_kv_heads * self.global_head_dim * self.embed_dim
+        )
+        layers = self.local_layers * (local + mlp) + self.global_layers * (glob + mlp)
+        return layers + self.vocab_size * self.embed_dim
 
     def kv_cache_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         """Bytes of KV cache one token needs across all layers (K and V; global layers store

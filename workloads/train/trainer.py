@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from flax import nnx
 
 BATCH_FIELDS = ("tokens", "segment_ids", "positions", "loss_mask")
+# Mesh axes a micro-batch's rows are split over (PeftTrainer shards its inputs along them).
+DATA_AXES = ("fsdp",)
 # Exit status of a run stopped by SIGTERM after saving (128 + SIGTERM, as a shell reports it).
 EXIT_PREEMPTED = 128 + signal.SIGTERM
 
@@ -341,6 +343,35 @@ def _make_peft_trainer_class() -> type:
     return Trainer
 
 
+def make_trainer(
+    model: nnx.Module,
+    train_cfg: runconfig.TrainSection,
+    schedule: optax.Schedule,
+    checkpoint_dir: str | None,
+) -> Any:
+    """The project's PeftTrainer with its optimizer, loss and inputs: the one training step that
+    both the VM runs and the deviceless compile check (workloads.train.compile_step) compiles.
+
+    Args:
+        checkpoint_dir: where checkpoints go and the latest one is restored from; None: no
+            checkpointing (the compile check).
+    """
+    from tunix.sft import peft_trainer
+
+    training_config = peft_trainer.TrainingConfig(
+        eval_every_n_steps=sys.maxsize,
+        max_steps=None,  # the data stream ends the run; PeftTrainer's tqdm bar stays off
+        gradient_accumulation_steps=train_cfg.grad_accum if train_cfg.grad_accum > 1 else None,
+        checkpoint_root_directory=checkpoint_dir,
+        checkpointing_options=checkpoint_options(train_cfg),
+        data_sharding_axis=DATA_AXES,
+        pbar_description=None,
+    )
+    optimizer = make_optimizer(train_cfg, schedule)
+    trainer = _make_peft_trainer_class()(model, optimizer, training_config)
+    return trainer.with_loss_fn(loss_fn, has_aux=True).with_gen_model_input_fn(model_inputs)
+
+
 def _make_hooks(
     on_step_start: Callable[[Any], None], on_step_end: Callable[[Any, int, float], None]
 ) -> Any:
@@ -535,7 +566,6 @@ def train(
         errors.UserError: bad mesh, tp, data, model directory or checkpoint directory.
     """
     import jax
-    from tunix.sft import peft_trainer
 
     t_start = time.time()
     train_cfg = cfg.train
@@ -593,20 +623,8 @@ def train(
         )
 
     schedule = learning_rate_schedule(train_cfg, total_steps)
-    training_config = peft_trainer.TrainingConfig(
-        eval_every_n_steps=sys.maxsize,
-        max_steps=None,  # the data stream ends the run; PeftTrainer's tqdm bar stays off
-        gradient_accumulation_steps=train_cfg.grad_accum if train_cfg.grad_accum > 1 else None,
-        checkpoint_root_directory=train_cfg.checkpoint_dir,
-        checkpointing_options=checkpoint_options(train_cfg),
-        data_sharding_axis=("fsdp",),
-        pbar_description=None,
-    )
     with mesh:  # PeftTrainer restores the latest checkpoint here, if any
-        trainer = _make_peft_trainer_class()(
-            model, make_optimizer(train_cfg, schedule), training_config
-        )
-    trainer = trainer.with_loss_fn(loss_fn, has_aux=True).with_gen_model_input_fn(model_inputs)
+        trainer = make_trainer(model, train_cfg, schedule, train_cfg.checkpoint_dir)
     resumed_from = trainer.train_steps
     if resumed_from:
         log(f"resuming from checkpoint step {resumed_from} in {train_cfg.checkpoint_dir}")

@@ -11,10 +11,11 @@ readonly VENV_DIR=/opt/gemma4/venv
 readonly READY_MARKER=/var/lib/gemma4/ready
 readonly ENV_FILE=/etc/gemma4/env
 readonly LOG_FILE=/var/log/gemma4-startup.log
-readonly REQUIREMENTS_DIGEST=3a6ae251bb3d463a
+readonly REQUIREMENTS_DIGEST=578de702b18c1572
 readonly -a REQUIREMENTS=(
   '--find-links https://storage.googleapis.com/jax-releases/libtpu_releases.html'
   'jax[tpu]==0.10.2'
+  libtpu==0.0.42.1
   flax==0.12.8
   google-tunix==0.1.7
   qwix==0.1.8

@@ -1,0 +1,479 @@
+"""The stack's training step compiled for its TPU without a TPU: does it fit, how fast might it be.
+
+    python -m infra.preflight --compile [--stack prod]
+
+Compiling the 60-layer 31B step takes too long for a 2-core laptop or CI, so the step is compiled
+at reduced depths with the real per-layer shapes (multiples of 6 layers keep the 5 sliding :
+1 global pattern) and every figure is extrapolated linearly to the model's depth: per layer the
+step adds the same weights, adapters, optimizer state and activations, so memory, FLOPs and
+XLA's time estimate are affine in the layer count. The fit uses two depths and is checked on a
+third, held-out depth; its relative residual is printed with the table.
+
+Results are cached in `.compile-check/` by a hash of every input (the training settings of the
+stack, the model, the topology, the versions of JAX, libtpu, Tunix, Qwix and Flax, and the
+source of the step), so a second run, and `pulumi preview`, show the last result without
+compiling. Every time and throughput here is XLA's cost-model estimate, not a measurement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import os
+import pathlib
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from infra import config as config_mod
+from infra import runconfig_render
+from workloads import catalog, runconfig
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CACHE_DIR = ROOT / ".compile-check"
+FIT_DEPTHS = (6, 12)
+HOLDOUT_DEPTH = 18
+# Real (non-padding) share of the computed tokens of the CodeV-R1 rows at max_seq_len 3072, as
+# `benchmarks/packing_efficiency.py` measures it: one sample per row vs best-fit packing.
+REAL_FRACTION = {False: 0.299, True: 0.994}
+# Below this share of free HBM the step is said to fit, but with a warning: XLA's peak is a
+# compile-time figure and the runtime adds its own buffers.
+HEADROOM_WARNING = 0.10
+DOES_NOT_FIT = "DOES NOT FIT"
+# Sources whose change changes the compiled step (their hash is part of the cache key).
+STEP_SOURCES = (
+    "workloads/model.py",
+    "workloads/train/lora.py",
+    "workloads/train/trainer.py",
+    "workloads/train/compile_step.py",
+)
+PACKAGES = ("jax", "jaxlib", "libtpu", "google-tunix", "qwix", "flax", "optax")
+_FIELDS = (
+    "argument_bytes",
+    "output_bytes",
+    "alias_bytes",
+    "temp_bytes",
+    "code_bytes",
+    "flops",
+    "bytes_accessed",
+    "optimal_seconds",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class DepthResult:
+    """XLA's figures for the step compiled at one depth (per chip), or why it did not compile."""
+
+    layers: int
+    figures: dict[str, float]
+    compile_seconds: float
+    error: str | None = None
+
+    @property
+    def peak_bytes(self) -> float:
+        f = self.figures
+        return (
+            f["argument_bytes"]
+            + f["output_bytes"]
+            - f["alias_bytes"]
+            + f["temp_bytes"]
+            + f["code_bytes"]
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """The step at the model's full depth, per chip, extrapolated from the compiled depths."""
+
+    stack: str
+    accelerator: str
+    layers: int
+    settings: dict[str, Any]
+    depths: tuple[DepthResult, ...]
+    peak_bytes: float
+    hbm_bytes: float
+    flops: float
+    step_seconds: float
+    computed_tokens_per_step: int
+    real_fraction: float
+    base_parameters: int
+    chips: int
+    peak_flops_per_chip: float
+    holdout_residual: float | None
+    error: str | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.error is None and self.peak_bytes <= self.hbm_bytes
+
+    @property
+    def headroom(self) -> float:
+        return 1 - self.peak_bytes / self.hbm_bytes
+
+    @property
+    def computed_tokens_per_s(self) -> float:
+        return self.computed_tokens_per_step / self.step_seconds if self.step_seconds else 0.0
+
+    @property
+    def real_tokens_per_s(self) -> float:
+        return self.computed_tokens_per_s * self.real_fraction
+
+    @property
+    def mfu(self) -> float:
+        """6 N FLOPs per real token over the chips' bf16 peak (the paper's way of counting)."""
+        peak = self.chips * self.peak_flops_per_chip
+        return 6 * self.base_parameters * self.real_tokens_per_s / peak
+
+
+# --------------------------------------------------------------------------- inputs and cache
+
+
+def step_settings(cfg: config_mod.StackConfig) -> dict[str, Any]:
+    """The stack's settings that shape the compiled training step."""
+    t = cfg.training
+    return {
+        "accelerator": t.accelerator,
+        "model": cfg.model.name,
+        "max_seq_len": cfg.data.max_seq_len,
+        "packing": cfg.data.packing,
+        "micro_batch": t.micro_batch,
+        "grad_accum": t.grad_accum,
+        "mesh": {"fsdp": t.mesh.fsdp, "tp": t.mesh.tp},
+        "remat": t.remat,
+        "lora": {
+            "rank": cfg.lora.rank,
+            "alpha": cfg.lora.alpha,
+            "dropout": cfg.lora.dropout,
+            "targets": sorted(cfg.lora.targets),
+        },
+        "weight_decay": t.weight_decay,
+    }
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "absent"
+    return out
+
+
+def _sources_digest(root: pathlib.Path = ROOT) -> str:
+    digest = hashlib.sha256()
+    for rel in STEP_SOURCES:
+        digest.update(rel.encode())
+        digest.update((root / rel).read_bytes())
+    return digest.hexdigest()
+
+
+def cache_key(settings: dict[str, Any]) -> str:
+    """A hash of every input of the compiled step except the depth."""
+    accelerator = catalog.accelerator(settings["accelerator"])
+    payload = {
+        "settings": settings,
+        "topology": dataclasses.asdict(accelerator.topology) if accelerator.topology else None,
+        "model": dataclasses.asdict(catalog.model(settings["model"])),
+        "versions": _versions(),
+        "sources": _sources_digest(),
+    }
+    text = json.dumps(payload, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+class ResultCache:
+    """One JSON file per (inputs hash, depth) under a directory; written atomically."""
+
+    def __init__(self, directory: pathlib.Path | None = None):
+        self.directory = directory if directory is not None else CACHE_DIR
+
+    def _path(self, key: str, layers: int) -> pathlib.Path:
+        return self.directory / f"{key}-{layers}.json"
+
+    def get(self, key: str, layers: int) -> DepthResult | None:
+        path = self._path(key, layers)
+        if not path.is_file():
+            return None
+        try:
+            data = json.loads(path.read_text())
+            return DepthResult(
+                layers=int(data["layers"]),
+                figures={k: float(data["figures"][k]) for k in _FIELDS}
+                if data.get("figures")
+                else {},
+                compile_seconds=float(data["compile_seconds"]),
+                error=data.get("error"),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None  # a damaged entry is compiled again
+
+    def put(self, key: str, result: DepthResult, settings: dict[str, Any]) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        payload = {**dataclasses.asdict(result), "settings": settings, "versions": _versions()}
+        fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
+        with os.fdopen(fd, "w") as handle:
+            json.dump(payload, handle, indent=1, sort_keys=True)
+        os.replace(tmp, self._path(key, result.layers))
+
+
+# --------------------------------------------------------------------------- compiling
+
+
+CompileFn = Callable[[int], DepthResult]
+
+
+def compile_depth(cfg: config_mod.StackConfig) -> CompileFn:
+    """A function that compiles the stack's step at a given depth (imports JAX lazily)."""
+
+    def run(layers: int) -> DepthResult:
+        from workloads import tiny_model
+        from workloads.train import compile_step
+
+        run_cfg = _compile_run_config(cfg)
+        hf_config = tiny_model.catalog_hf_config(catalog.model(cfg.model.name))
+        accelerator = catalog.accelerator(cfg.training.accelerator)
+        try:
+            step = compile_step.compile_train_step(run_cfg, hf_config, accelerator, layers=layers)
+        except compile_step.StepDoesNotFit as exc:
+            return DepthResult(layers, {}, 0.0, error=str(exc))
+        figures = {k: float(getattr(step, k)) for k in _FIELDS}
+        return DepthResult(layers, figures, step.compile_seconds)
+
+    return run
+
+
+def _compile_run_config(cfg: config_mod.StackConfig) -> runconfig.RunConfig:
+    """The run config the training VM would read (its paths are never touched here)."""
+    return runconfig_render.render_run_config(cfg)
+
+
+def results_at(
+    settings: dict[str, Any],
+    depths: Sequence[int],
+    compile_fn: CompileFn | None,
+    cache: ResultCache,
+    *,
+    hbm_bytes: float,
+    log: Callable[[str], None] = print,
+) -> list[DepthResult]:
+    """The step at each depth, from the cache or compiled (and cached). Stops early when a depth
+    already needs more HBM than the chip has: deeper slices only need more.
+
+    Args:
+        compile_fn: None: cached results only (depths not in the cache are left out).
+    """
+    key = cache_key(settings)
+    results = []
+    for layers in depths:
+        result = cache.get(key, layers)
+        if result is None and compile_fn is not None:
+            log(f"compile-check: compiling the step at {layers} layers (a few minutes)...")
+            result = compile_fn(layers)
+            cache.put(key, result, settings)
+            if result.error is None:
+                log(
+                    f"compile-check: {layers} layers compiled in {result.compile_seconds:.0f} s, "
+                    f"peak {_gib(result.peak_bytes)} per chip"
+                )
+        if result is None:
+            continue
+        results.append(result)
+        if result.error is not None or result.peak_bytes > hbm_bytes:
+            break
+    return results
+
+
+# --------------------------------------------------------------------------- extrapolation
+
+
+def _line(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) through (layers, value) points."""
+    n = len(points)
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    var = sum((x - mean_x) ** 2 for x, _ in points)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / var if var else 0.0
+    return mean_y - slope * mean_x, slope
+
+
+def extrapolate(fit: Sequence[DepthResult], layers: int, field: str | None = None) -> float:
+    """The value of a figure (or of the peak, field None) at `layers`, from a linear fit."""
+
+    def value(r: DepthResult) -> float:
+        return r.peak_bytes if field is None else r.figures[field]
+
+    if (
+        len(fit) == 1
+    ):  # one depth: scale the per-layer share, keeping nothing fixed (an over-estimate)
+        return value(fit[0]) * layers / fit[0].layers
+    intercept, slope = _line([(r.layers, value(r)) for r in fit])
+    return intercept + slope * layers
+
+
+def estimate(
+    stack: str,
+    cfg: config_mod.StackConfig,
+    results: Sequence[DepthResult],
+    *,
+    fit_depths: Sequence[int] = FIT_DEPTHS,
+    holdout: int | None = HOLDOUT_DEPTH,
+) -> Estimate | None:
+    """The full-depth estimate from compiled depths (None when nothing compiled)."""
+    accelerator = catalog.accelerator(cfg.training.accelerator)
+    spec = catalog.model(cfg.model.name)
+    settings = step_settings(cfg)
+    common: dict[str, Any] = {
+        "stack": stack,
+        "accelerator": accelerator.name,
+        "layers": spec.layers,
+        "settings": settings,
+        "depths": tuple(results),
+        "hbm_bytes": float(accelerator.hbm_bytes_per_chip),
+        "computed_tokens_per_step": cfg.training.micro_batch * cfg.data.max_seq_len,
+        "real_fraction": REAL_FRACTION[cfg.data.packing],
+        "base_parameters": spec.text_parameters(),
+        "chips": accelerator.jax_devices,
+        "peak_flops_per_chip": accelerator.peak_bf16_flops_per_chip,
+    }
+    failed = [r for r in results if r.error is not None]
+    if failed:
+        return Estimate(
+            **common,
+            peak_bytes=float("inf"),
+            flops=0.0,
+            step_seconds=0.0,
+            holdout_residual=None,
+            error=f"at {failed[0].layers} layers XLA refused: {failed[0].error}",
+        )
+    fit = [r for r in results if r.layers in fit_depths] or list(results)
+    if not fit:
+        return None
+    residual = None
+    held = next((r for r in results if r.layers == holdout and r not in fit), None)
+    if held is not None and len(fit) > 1:
+        predicted = extrapolate(fit, held.layers, "optimal_seconds")
+        predicted_peak = extrapolate(fit, held.layers)
+        residual = max(
+            abs(predicted - held.figures["optimal_seconds"]) / held.figures["optimal_seconds"],
+            abs(predicted_peak - held.peak_bytes) / held.peak_bytes,
+        )
+    return Estimate(
+        **common,
+        peak_bytes=extrapolate(fit, spec.layers),
+        flops=extrapolate(fit, spec.layers, "flops"),
+        step_seconds=extrapolate(fit, spec.layers, "optimal_seconds"),
+        holdout_residual=residual,
+    )
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def describe(settings: dict[str, Any]) -> str:
+    mesh = settings["mesh"]
+    return (
+        f"mesh fsdp={mesh['fsdp']} tp={mesh['tp']}, micro-batch {settings['micro_batch']} x "
+        f"{settings['max_seq_len']} tokens, remat {'on' if settings['remat'] else 'off'}, "
+        f"{'packed' if settings['packing'] else 'padded'} rows, "
+        f"LoRA rank {settings['lora']['rank']}"
+    )
+
+
+def report(est: Estimate) -> str:
+    """The per-chip table and the verdict line."""
+    lines = [
+        f"compile-check: stack {est.stack}, {est.accelerator} ({est.chips} chips), "
+        f"{describe(est.settings)}",
+    ]
+    for r in est.depths:
+        if r.error is None:
+            lines.append(
+                f"  compiled at {r.layers:>2} layers: peak {_gib(r.peak_bytes)}, "
+                f"{r.figures['flops'] / 1e12:.1f} TFLOP, {r.figures['optimal_seconds']:.3f} s "
+                f"per micro-step (compile {r.compile_seconds:.0f} s)"
+            )
+        else:
+            lines.append(f"  compiled at {r.layers:>2} layers: {r.error}")
+    if est.error is None:
+        fit_note = (
+            f"linear fit, held-out {HOLDOUT_DEPTH}-layer residual {est.holdout_residual:.1%}"
+            if est.holdout_residual is not None
+            else "linear fit, no held-out depth compiled"
+        )
+        lines += [
+            f"per chip at {est.layers} layers ({fit_note}); XLA estimates, not measurements:",
+            f"  peak HBM            {_gib(est.peak_bytes)} of {_gib(est.hbm_bytes)} "
+            f"({est.headroom:.0%} free)",
+            f"  FLOPs per micro-step {est.flops / 1e12:.1f} TFLOP",
+            f"  est. step time      {est.step_seconds:.3f} s per micro-step of "
+            f"{est.computed_tokens_per_step:,} tokens",
+            f"  est. tokens/s       {est.computed_tokens_per_s:,.0f} computed, "
+            f"{est.real_tokens_per_s:,.0f} real (at {est.real_fraction:.1%} real tokens)",
+            f"  est. MFU            {est.mfu:.1%} (6N per real token; the paper measured "
+            f"{catalog.PAPER.train_tokens_per_s_tpu:,.0f} real tokens/s)",
+        ]
+    lines.append(verdict_line(est))
+    return "\n".join(lines)
+
+
+def verdict_line(est: Estimate) -> str:
+    """One line: fits, fits tightly, or does not fit with the keys to change."""
+    keys = "training.microBatch, data.maxSeqLen, training.mesh or training.remat"
+    if est.error is not None:
+        return f"compile-check: {DOES_NOT_FIT} on {est.accelerator}: {est.error}; change {keys}"
+    if not est.fits:
+        return (
+            f"compile-check: {DOES_NOT_FIT}: the step needs an estimated {_gib(est.peak_bytes)} of "
+            f"HBM per chip, {est.accelerator} has {_gib(est.hbm_bytes)}; lower {keys}"
+        )
+    if est.headroom < HEADROOM_WARNING:
+        return (
+            f"compile-check: fits, tightly ({est.headroom:.0%} of HBM free, under "
+            f"{HEADROOM_WARNING:.0%}); the runtime's own buffers may not fit: consider {keys}"
+        )
+    return f"compile-check: fits ({_gib(est.peak_bytes)} of {_gib(est.hbm_bytes)} per chip)"
+
+
+def check(
+    stack: str,
+    cfg: config_mod.StackConfig,
+    *,
+    compile_fn: CompileFn | None,
+    cache: ResultCache | None = None,
+    depths: Sequence[int] = (*FIT_DEPTHS, HOLDOUT_DEPTH),
+    log: Callable[[str], None] = print,
+) -> Estimate | None:
+    """Compiles (or reads from the cache) the stack's step at `depths` and extrapolates.
+
+    Args:
+        compile_fn: None: only cached results are used (what `pulumi preview` shows).
+    """
+    cache = cache or ResultCache()
+    accelerator = catalog.accelerator(cfg.training.accelerator)
+    results = results_at(
+        step_settings(cfg),
+        depths,
+        compile_fn,
+        cache,
+        hbm_bytes=accelerator.hbm_bytes_per_chip,
+        log=log,
+    )
+    return estimate(stack, cfg, results)
+
+
+def cached_summary(stack: str, cfg: config_mod.StackConfig) -> str | None:
+    """The last compile check's verdict for these exact settings, or None (nothing compiled)."""
+    try:
+        est = check(stack, cfg, compile_fn=None, log=lambda _: None)
+    except (OSError, KeyError):
+        return None
+    if est is None:
+        return None
+    return verdict_line(est)

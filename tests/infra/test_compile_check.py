@@ -1,0 +1,261 @@
+"""The deviceless compile check: extrapolation, cache, verdicts, CLI and `pulumi preview` paths
+with recorded figures, and the real step compiled for a v5p-8 with libtpu's compile-only client.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pulumi
+import pytest
+
+from infra import compile_check, config, preflight
+from tests.fixtures import pulumi_mocks
+from workloads import catalog
+
+GIB = 2**30
+
+
+def _cfg(stack: str = "prod", **training: object):
+    mapping = copy.deepcopy(pulumi_mocks.stack_file_config(stack))
+    mapping["training"] = {**mapping["training"], **training}
+    return config.parse_stack_config(mapping, validate=False)
+
+
+def _depth(layers: int, *, base_gib: float = 4.0, per_layer_gib: float = 0.5, error=None):
+    """A DepthResult that is exactly affine in the layer count."""
+    if error is not None:
+        return compile_check.DepthResult(layers, {}, 0.0, error=error)
+    gib = base_gib + per_layer_gib * layers
+    figures = {
+        "argument_bytes": gib * GIB / 2,
+        "output_bytes": gib * GIB / 2,
+        "alias_bytes": 0.0,
+        "temp_bytes": 0.0,
+        "code_bytes": 0.0,
+        "flops": 1e12 + 3e12 * layers,
+        "bytes_accessed": 1e9 * layers,
+        "optimal_seconds": 0.01 + 0.01 * layers,
+    }
+    return compile_check.DepthResult(layers, figures, 1.0)
+
+
+class FakeCompiler:
+    """Stands in for the compile at each depth; counts the calls."""
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+        self.calls: list[int] = []
+
+    def __call__(self, layers: int):
+        self.calls.append(layers)
+        return _depth(layers, **self.kwargs)
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+def test_linear_extrapolation_and_holdout_residual(tmp_path):
+    cfg = _cfg()
+    est = compile_check.check(
+        "prod", cfg, compile_fn=FakeCompiler(), cache=compile_check.ResultCache(tmp_path)
+    )
+    assert est is not None and est.layers == 60
+    assert est.peak_bytes == pytest.approx((4.0 + 0.5 * 60) * GIB)
+    assert est.step_seconds == pytest.approx(0.61)
+    assert est.flops == pytest.approx(1e12 + 3e12 * 60)
+    assert est.holdout_residual == pytest.approx(0.0, abs=1e-9)
+    # 1 x 3072 tokens per micro-step (prod), padded rows: 29.9% of them are real.
+    assert est.computed_tokens_per_s == pytest.approx(3072 / 0.61)
+    assert est.real_tokens_per_s == pytest.approx(3072 / 0.61 * 0.299)
+    spec = catalog.model("gemma-4-31b")
+    assert est.mfu == pytest.approx(
+        6 * spec.text_parameters() * est.real_tokens_per_s / (4 * 459e12)
+    )
+    assert est.fits
+
+
+def test_a_curved_holdout_shows_its_residual(tmp_path):
+    def curved(layers):
+        result = _depth(layers)
+        if layers == compile_check.HOLDOUT_DEPTH:
+            result.figures["optimal_seconds"] *= 1.2
+        return result
+
+    est = compile_check.check(
+        "prod", _cfg(), compile_fn=curved, cache=compile_check.ResultCache(tmp_path)
+    )
+    assert est.holdout_residual == pytest.approx(0.2 / 1.2)
+    assert "held-out 18-layer residual 16.7%" in compile_check.report(est)
+
+
+def test_results_are_cached_by_every_input(tmp_path):
+    cache = compile_check.ResultCache(tmp_path)
+    first = FakeCompiler()
+    compile_check.check("prod", _cfg(), compile_fn=first, cache=cache)
+    assert first.calls == [6, 12, 18]
+    again = FakeCompiler()
+    est = compile_check.check("prod", _cfg(), compile_fn=again, cache=cache)
+    assert again.calls == [] and est is not None
+    # Any setting of the step is part of the key: it compiles again.
+    for changed in ({"microBatch": 2}, {"remat": False}, {"mesh": {"fsdp": 2, "tp": 2}}):
+        other = FakeCompiler()
+        compile_check.check("prod", _cfg(**changed), compile_fn=other, cache=cache)
+        assert other.calls == [6, 12, 18], changed
+    # Settings that do not shape the step (the learning rate) share the entry.
+    same = FakeCompiler()
+    compile_check.check("prod", _cfg(learningRate=3e-4), compile_fn=same, cache=cache)
+    assert same.calls == []
+
+
+def test_the_source_of_the_step_is_part_of_the_key(monkeypatch):
+    settings = compile_check.step_settings(_cfg())
+    before = compile_check.cache_key(settings)
+    monkeypatch.setattr(compile_check, "_sources_digest", lambda: "edited trainer")
+    assert compile_check.cache_key(settings) != before
+
+
+def test_a_damaged_cache_entry_is_compiled_again(tmp_path):
+    cache = compile_check.ResultCache(tmp_path)
+    compile_check.check("prod", _cfg(), compile_fn=FakeCompiler(), cache=cache)
+    for path in tmp_path.glob("*-6.json"):
+        path.write_text("{not json")
+    again = FakeCompiler()
+    compile_check.check("prod", _cfg(), compile_fn=again, cache=cache)
+    assert again.calls == [6]
+
+
+def test_a_depth_over_the_chip_stops_the_compiles(tmp_path):
+    big = FakeCompiler(base_gib=90.0, per_layer_gib=1.0)
+    est = compile_check.check(
+        "prod", _cfg(), compile_fn=big, cache=compile_check.ResultCache(tmp_path)
+    )
+    assert big.calls == [6]  # 96 GiB at 6 layers: deeper slices only need more
+    assert not est.fits
+    line = compile_check.verdict_line(est)
+    assert line.startswith("compile-check: DOES NOT FIT")
+    assert "training.microBatch, data.maxSeqLen, training.mesh or training.remat" in line
+    assert "\n" not in line
+
+
+def test_xla_refusing_the_step_is_a_does_not_fit_verdict(tmp_path):
+    refused = FakeCompiler(error="RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm")
+    est = compile_check.check(
+        "prod", _cfg(), compile_fn=refused, cache=compile_check.ResultCache(tmp_path)
+    )
+    assert not est.fits
+    assert "at 6 layers XLA refused: RESOURCE_EXHAUSTED" in compile_check.verdict_line(est)
+
+
+def test_tight_fit_warns(tmp_path):
+    tight = FakeCompiler(base_gib=30.0, per_layer_gib=1.0)  # 90 of 95 GiB
+    est = compile_check.check(
+        "prod", _cfg(), compile_fn=tight, cache=compile_check.ResultCache(tmp_path)
+    )
+    assert est.fits and est.headroom < compile_check.HEADROOM_WARNING
+    assert "fits, tightly" in compile_check.verdict_line(est)
+
+
+def test_preview_shows_the_cached_result_without_compiling(tmp_path, monkeypatch):
+    cfg = _cfg()
+    monkeypatch.setattr(compile_check, "CACHE_DIR", tmp_path)
+    assert compile_check.cached_summary("prod", cfg) is None
+    compile_check.check(
+        "prod", cfg, compile_fn=FakeCompiler(), cache=compile_check.ResultCache(tmp_path)
+    )
+    summary = compile_check.cached_summary("prod", cfg)
+    assert summary is not None and summary.startswith("compile-check: fits (34.0 GiB of 95.0")
+
+
+def test_pulumi_program_refuses_a_step_the_compile_check_found_too_big(tmp_path, monkeypatch):
+    monkeypatch.setattr(compile_check, "CACHE_DIR", tmp_path)
+    mapping = pulumi_mocks.stack_file_config("prod")
+    cfg = config.parse_stack_config(copy.deepcopy(mapping), validate=False)
+    compile_check.check(
+        "prod",
+        cfg,
+        compile_fn=FakeCompiler(base_gib=90.0, per_layer_gib=1.0),
+        cache=compile_check.ResultCache(tmp_path),
+    )
+    recording = pulumi_mocks.Recording()
+    with pytest.raises(pulumi.RunError) as info:
+        pulumi_mocks.run_program("prod", mapping, hf_token="hf_x", recording=recording)
+    assert "compile-check: DOES NOT FIT" in str(info.value)
+    assert "nothing was created" in str(info.value)
+    assert recording.resources == []
+
+
+def test_cli_exit_status_and_one_line_verdict(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(compile_check, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(
+        compile_check, "compile_depth", lambda cfg: FakeCompiler(base_gib=90.0, per_layer_gib=1.0)
+    )
+    status = preflight.main(["--compile", "--stack", "prod"])
+    out = capsys.readouterr().out
+    assert status == 1
+    assert out.strip().splitlines()[-1].startswith("compile-check: DOES NOT FIT")
+    monkeypatch.setattr(compile_check, "compile_depth", lambda cfg: FakeCompiler())
+    assert preflight.main(["--compile", "--stack", "dev"]) == 0
+    out = capsys.readouterr().out
+    for label in ("peak HBM", "FLOPs per micro-step", "est. step time", "est. tokens/s", "MFU"):
+        assert label in out
+    assert "XLA estimates, not measurements" in out
+
+
+@pytest.mark.parametrize("bad", ["5", "6,6", "six", "0,6", "-6"])
+def test_cli_refuses_depths_that_break_the_layer_pattern(bad, capsys):
+    with pytest.raises(SystemExit):
+        preflight.main(["--compile", "--stack", "prod", "--depths", bad])
+    assert "--depths" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- the real compile
+
+
+def _real_compile(cfg, layers):
+    return compile_check.compile_depth(cfg)(layers)
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_the_stack_step_compiles_for_a_v5p8_without_a_tpu(stack):
+    """The 31B step of each checked-in stack (prod: rank 64, dev: rank 16; mesh fsdp=1 tp=4,
+    1 x 3072 tokens, remat) at a 6-layer slice (5 sliding + 1 global, the real per-layer
+    shapes), compiled for a v5p-8 by libtpu's compile-only client."""
+    pytest.importorskip("libtpu")
+    cfg = _cfg(stack)
+    result = _real_compile(cfg, 6)
+    assert result.error is None
+    spec = catalog.model("gemma-4-31b")
+    # Arguments: the bf16 base weights of 6 layers + the embedding, split 4 ways by tp (plus the
+    # small LoRA and AdamW state); a weight left replicated would show up here at once.
+    per_layer = (spec.text_parameters() - spec.vocab_size * spec.embed_dim) / 60
+    weights = 2 * (6 * per_layer + spec.vocab_size * spec.embed_dim) / 4
+    assert weights < result.figures["argument_bytes"] < 1.25 * weights
+    # FLOPs per chip: forward + recomputed forward (remat) + input gradients, about 2+2+2 = 6
+    # FLOPs per weight per token (LoRA has no base-weight gradients), plus attention.
+    tokens = 3072
+    dense = 2 * (6 * per_layer + spec.vocab_size * spec.embed_dim) * tokens / 4
+    assert 2.5 * dense < result.figures["flops"] < 4.5 * dense
+    assert 0 < result.figures["optimal_seconds"] < 1.0
+    assert result.peak_bytes < catalog.accelerator("v5p-8").hbm_bytes_per_chip
+
+
+def test_an_oversized_step_is_reported_as_not_fitting(tmp_path, monkeypatch, capsys):
+    """4 rows of 32,768 tokens: already the 6-layer slice needs ~145 GiB of temporaries per chip
+    (XLA refuses it), so the check stops there and says which keys to change."""
+    pytest.importorskip("libtpu")
+    monkeypatch.setattr(compile_check, "CACHE_DIR", tmp_path)
+    root = tmp_path / "root"
+    root.mkdir()
+    text = (pulumi_mocks.ROOT / "Pulumi.prod.yaml").read_text()
+    assert "microBatch: 1\n" in text and "maxSeqLen: 3072\n" in text
+    text = text.replace("microBatch: 1\n", "microBatch: 4\n")
+    (root / "Pulumi.prod.yaml").write_text(text.replace("maxSeqLen: 3072\n", "maxSeqLen: 32768\n"))
+    status = preflight.main(["--compile", "--stack", "prod", "--root", str(root)])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert status == 1, lines
+    assert lines[-1].startswith("compile-check: DOES NOT FIT on v5p-8: at 6 layers XLA refused")
+    assert "exceeds available HBM" in lines[-1]
+    assert "training.microBatch, data.maxSeqLen" in lines[-1]
+    # The analytic rule of `pulumi up` refuses it too, and says so first.
+    assert any(line.startswith("note: `pulumi up` refuses") for line in lines)
