@@ -380,7 +380,7 @@ def describe(settings: dict[str, Any]) -> str:
     mesh = settings["mesh"]
     return (
         f"mesh fsdp={mesh['fsdp']} tp={mesh['tp']}, micro-batch {settings['micro_batch']} x "
-        f"{settings['max_seq_len']} tokens, remat {'on' if settings['remat'] else 'off'}, "
+        f"{settings['max_seq_len']} tokens, remat {settings['remat']}, "
         f"{'packed' if settings['packing'] else 'padded'} rows, "
         f"LoRA rank {settings['lora']['rank']}"
     )

@@ -204,7 +204,12 @@ class TrainingSection(_Section):
     weight_decay: float = _field(0.001, ge=0, description="AdamW weight decay.")
     warmup_steps: int = _field(100, ge=0, description="Linear warm-up steps, then cosine to 0.")
     mesh: MeshSection = _field(default_factory=MeshSection, description="Device mesh.")
-    remat: bool = _field(True, description="Rematerialise each decoder layer.")
+    remat: runconfig.RematPolicy = _field(
+        "full",
+        description="What the backward pass recomputes of each decoder layer: full (least "
+        "HBM), dots (keeps weight-matmul outputs), none (fastest, most HBM); true/false = "
+        "full/none. `python -m infra.preflight --compile` shows what fits.",
+    )
     save_every: int = _field(100, ge=1, description="Checkpoint every N optimizer steps.")
     keep_checkpoints: int = _field(3, ge=1, description="Checkpoints kept.")
     log_every: int = _field(1, ge=1, description="Log metrics every N steps.")

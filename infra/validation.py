@@ -351,7 +351,7 @@ def training_hbm_bytes(cfg: StackConfig) -> int:
         * LORA_STATE_BYTES_PER_PARAM
     )
     saved = rows * t * model.embed_dim * 2 * model.layers
-    if not cfg.training.remat:
+    if cfg.training.remat != "full":  # "dots" keeps most of what "none" keeps
         saved *= NO_REMAT_FACTOR
     attention = rows * (model.num_heads / mesh.tp) * t * t * 4
     mlp = rows * t * (model.mlp_dim / mesh.tp) * 2 * 3

@@ -7,6 +7,7 @@ merged checkpoints through the same functions, so training and verification see 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pathlib
@@ -24,6 +25,7 @@ CONFIG_FILE = "config.json"
 HF_PREFIX = "model.language_model."
 MESH_AXES = ("fsdp", "tp")
 DTYPES = ("bfloat16", "float32")
+REMAT_POLICIES = ("full", "dots", "none")
 
 # HF config keys of features this project does not train (the E-series and the MoE model), with
 # the value that means "off". A checkpoint that turns one on is refused with a clear message.
@@ -255,17 +257,57 @@ def load_model(
     )
 
 
-def set_remat(model: nnx.Module, enabled: bool) -> None:
-    """Turns per-decoder-layer rematerialisation on or off (the backward pass recomputes each
-    layer's activations instead of keeping them). Set it after adding LoRA: Qwix creates the
-    adapters in an eager forward pass, which cannot create parameters inside `nnx.remat`."""
+def set_remat(model: nnx.Module, policy: str | bool) -> None:
+    """Sets what the backward pass recomputes of each decoder layer (runconfig.RematPolicy):
+    "full" (tunix's per-decoder-layer remat), "dots" (remat with JAX's policy that saves the
+    outputs of matmuls without batch dimensions, i.e. the weight matmuls, and recomputes the
+    attention scores, norms and activation functions) or "none". Set it after adding LoRA:
+    Qwix creates the adapters in an eager forward pass, which cannot create parameters inside
+    `nnx.remat`.
+
+    Raises:
+        errors.UserError: an unknown policy.
+    """
     from tunix.models.gemma4 import model as gemma4_model
 
-    mode = gemma4_model.RematConfig.DECODER if enabled else gemma4_model.RematConfig.NONE
+    if isinstance(policy, bool):
+        policy = "full" if policy else "none"
+    if policy not in REMAT_POLICIES:
+        raise errors.UserError(f"train.remat={policy!r} is not one of {', '.join(REMAT_POLICIES)}")
+    mode = gemma4_model.RematConfig.DECODER if policy == "full" else gemma4_model.RematConfig.NONE
+    layer_class = _dots_remat_layer() if policy == "dots" else gemma4_model.DecoderLayer
     for _, module in model.iter_modules():
         config = getattr(module, "config", None)
         if isinstance(config, gemma4_model.ModelConfig):
             config.remat_config = mode
+        if isinstance(module, gemma4_model.DecoderLayer):
+            module.__class__ = layer_class
+
+
+@functools.cache
+def _dots_remat_layer() -> type:
+    """tunix's DecoderLayer whose call is rematerialised with the save-the-weight-matmuls
+    policy (tunix's own remat switch takes no policy)."""
+    import jax
+    from flax import nnx
+    from tunix.models.gemma4 import model as gemma4_model
+
+    policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+
+    class DotsRematDecoderLayer(gemma4_model.DecoderLayer):
+        def __call__(  # type: ignore[override]
+            self,
+            x: Any,
+            segment_pos: Any,
+            cache: Any,
+            attn_mask: Any,
+            per_layer_input: Any = None,
+            kv_shared_cache: Any = None,
+        ) -> Any:
+            block = nnx.remat(gemma4_model.DecoderLayer.block, policy=policy, graph_updates=False)
+            return block(self, x, segment_pos, cache, attn_mask, per_layer_input, kv_shared_cache)
+
+    return DotsRematDecoderLayer
 
 
 def parameter_count(model: nnx.Module) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import pathlib
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
 import yaml
@@ -28,6 +28,20 @@ DEFAULT_LORA_TARGETS = (
     "down_proj",
 )
 ALL_LORA_TARGETS = (*DEFAULT_LORA_TARGETS, "k_einsum")
+
+
+def _remat_from_bool(value: Any) -> Any:
+    """true/false (the older boolean key) mean "full"/"none"."""
+    if isinstance(value, bool):
+        return "full" if value else "none"
+    return value
+
+
+RematPolicy = Annotated[Literal["full", "dots", "none"], pydantic.BeforeValidator(_remat_from_bool)]
+"""What the backward pass keeps of each decoder layer's forward pass: "full" remat keeps only
+the layer's input and recomputes the layer (least HBM, one extra forward); "dots" keeps the
+outputs of the weight matmuls and recomputes the rest (attention scores, norms, activation
+functions); "none" keeps everything (no recompute, most HBM). true/false mean full/none."""
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {
@@ -172,7 +186,11 @@ class TrainSection(_Section):
         None, gt=0, description="Global-norm gradient clipping; null = none (the paper's recipe)."
     )
     mesh: MeshSection = pydantic.Field(MeshSection(), description="Device mesh.")
-    remat: bool = pydantic.Field(True, description="Rematerialise each decoder layer.")
+    remat: RematPolicy = pydantic.Field(
+        "full",
+        description="Per-decoder-layer rematerialisation: full | dots | none (true = full, "
+        "false = none); see RematPolicy.",
+    )
     save_every: int = pydantic.Field(100, ge=1, description="Checkpoint every N optimizer steps.")
     keep_checkpoints: int = pydantic.Field(
         3, ge=1, description="Checkpoints kept (oldest deleted)."

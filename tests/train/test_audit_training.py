@@ -110,6 +110,50 @@ def test_the_trainer_rematerialises_every_decoder_layer_of_the_lora_model(tp2_lo
     assert (on, off) == (6, 0)  # one region per decoder layer, none without remat
 
 
+def test_every_remat_policy_gives_the_same_lora_gradients(tp2_lora_model):
+    """ "dots" remats each decoder layer with a save-the-weight-matmuls policy; "full", "dots" and
+    "none" only change what is kept for the backward pass, never the gradients."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from workloads import model as model_lib
+    from workloads.train import lora, trainer
+
+    lora_model, mesh = tp2_lora_model
+    segment_ids = jnp.array([[1] * 5 + [2] * 9 + [0] * 2, [1] * 16], jnp.int32)
+    positions = jnp.array([list(range(5)) + list(range(9)) + [0, 0], list(range(16))], jnp.int32)
+    tokens = (jnp.arange(32, dtype=jnp.int32).reshape(2, 16) * 7) % 50 + 3
+    inputs = trainer.model_inputs(
+        trainer.PackedInput(tokens, (segment_ids != 0).astype(jnp.int32), segment_ids, positions)
+    )
+
+    def grads(policy):
+        model_lib.set_remat(lora_model, policy)
+        lora.seed_dropout(lora_model, 0, 0, mesh)  # the same LoRA dropout masks every time
+        grad_fn = nnx.value_and_grad(
+            trainer.loss_fn, argnums=nnx.DiffState(0, nnx.LoRAParam), has_aux=True
+        )
+        (loss, _), g = grad_fn(lora_model, **inputs)
+        return float(loss), jax.tree.leaves(nnx.state(g))
+
+    try:
+        with mesh:
+            counts = {}
+            results = {}
+            for policy in ("full", "dots", "none"):
+                results[policy] = grads(policy)
+                counts[policy] = remat_count(lora_model)
+    finally:
+        model_lib.set_remat(lora_model, True)
+    assert counts == {"full": 6, "dots": 6, "none": 0}
+    for policy in ("dots", "none"):
+        assert results[policy][0] == pytest.approx(results["full"][0], rel=1e-6)
+        for a, b in zip(results[policy][1], results["full"][1], strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-7)
+
+
 def test_adamw_moments_take_the_fitted_lora_shardings(tp2_lora_model):
     """Every LoRA factor sits on the mesh with a spec that fits its shape, and AdamW's moments
     (what PeftTrainer's nnx.Optimizer creates and checkpoints) have exactly the same sharding."""

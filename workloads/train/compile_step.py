@@ -7,9 +7,10 @@ devices of a named TPU topology, a mesh is built on them while JAX itself runs o
 analyses. The model is built abstractly (`nnx.eval_shape`: shapes, dtypes and shardings, no
 weights), Qwix adds the adapters in the same abstract trace, and the step is the trainer's own
 (`trainer.make_trainer`): PeftTrainer's train step with the project's loss and packed inputs,
-gradient accumulation, AdamW and the sharding pin, jitted as PeftTrainer jits it (the optimizer
-donated). Tunix's activation-sharding helper skips its constraints when the first JAX device is
-a CPU; here the step is for a TPU, so the helper is made to apply them as it does on a TPU VM.
+gradient accumulation, AdamW and the sharding pin, jitted as the trainer jits it
+(`trainer.TrainableOnlyStep`). Tunix's activation-sharding helper skips its constraints when
+the first JAX device is a CPU; here the step is for a TPU, so the helper is made to apply them
+as it does on a TPU VM.
 """
 
 from __future__ import annotations
@@ -238,8 +239,10 @@ def compile_train_step(
 
         optimizer = nnx.eval_shape(build_optimizer, model)
         _with_shardings(optimizer, mesh)
-        step = nnx.jit(made["trainer"].create_train_step_fn(), donate_argnames=("optimizer",))
-        lowered = step.lower(model, optimizer, abstract_inputs(cfg, mesh))
+        step = trainer_lib.TrainableOnlyStep(
+            model, optimizer, made["trainer"].create_train_step_fn()
+        )
+        lowered = step.lower(abstract_inputs(cfg, mesh))
         try:
             compiled = lowered.compile()
         except Exception as exc:  # XLA reports an over-full HBM as a compile error
