@@ -26,10 +26,14 @@ _FIELDS = runconfig.EvalSection.model_fields
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Adds the eval options; every one defaults to the run config's value, then the schema's."""
     parser.add_argument(
-        "--config", help="run config (YAML/JSON, local or gs://); uses its `eval` section"
+        "--config",
+        type=storage.absolute,
+        help="run config (YAML/JSON, local or gs://); uses its `eval` section",
     )
     parser.add_argument(
-        "--problems", help="verilog-eval dataset_spec-to-rtl directory (local or gs://)"
+        "--problems",
+        type=storage.absolute,
+        help="verilog-eval dataset_spec-to-rtl directory (local or gs://)",
     )
     parser.add_argument(
         "--endpoint", help=f"OpenAI-compatible base URL (default {_FIELDS['endpoint'].default})"
@@ -39,7 +43,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="served model name (default: the config's serve.served_model_name, "
         "else the only model the endpoint lists)",
     )
-    parser.add_argument("--out", help="results directory (local or gs://)")
+    parser.add_argument("--out", type=storage.absolute, help="results directory (local or gs://)")
     parser.add_argument(
         "-n", type=int, help=f"samples per problem (default {_FIELDS['n'].default})"
     )

@@ -25,14 +25,23 @@ NOT_REPORTED = "not reported"  # a figure the paper does not give
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
+        type=storage.absolute,
         help="run config (local or gs://): finds the three summaries "
         "in train.output_dir, bench.results_dir and eval.results_dir",
     )
-    parser.add_argument("--train-summary", help="train_summary.json (local or gs://)")
-    parser.add_argument("--bench-summary", help="bench summary.json (local or gs://)")
-    parser.add_argument("--eval-summary", help="eval summary.json (local or gs://)")
     parser.add_argument(
-        "--out", help="report directory (default with --config: <train.output_dir>/report)"
+        "--train-summary", type=storage.absolute, help="train_summary.json (local or gs://)"
+    )
+    parser.add_argument(
+        "--bench-summary", type=storage.absolute, help="bench summary.json (local or gs://)"
+    )
+    parser.add_argument(
+        "--eval-summary", type=storage.absolute, help="eval summary.json (local or gs://)"
+    )
+    parser.add_argument(
+        "--out",
+        type=storage.absolute,
+        help="report directory (default with --config: <train.output_dir>/report)",
     )
     parser.add_argument(
         "--train-accelerator",
