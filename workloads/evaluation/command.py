@@ -198,20 +198,15 @@ def main(args: argparse.Namespace) -> int:
 
     extractions: dict[str, list[extract.Extraction | None]] = {}
     for p in items:
-        reserved = set()
-        for path in (p.test_path, p.ref_path):
-            with open(path, encoding="utf-8") as handle:
-                reserved.update(extract.declared_modules(handle.read()))
         extractions[p.name] = [
-            None if "error" in s else extract.extract_code(s.get("text"), reserved=reserved)
-            for s in samples[p.name]
+            None if "error" in s else extract.extract_code(s.get("text")) for s in samples[p.name]
         ]
 
     _log(f"judging {sum(len(v) for v in extractions.values())} samples with iverilog")
     started = time.monotonic()
     references, verdicts = judge.judge_all(
         items,
-        {name: [e.code if e is not None else None for e in ex] for name, ex in extractions.items()},
+        extractions,
         limits=judge.Limits(timeout_s=settings["sim_timeout_s"]),
         workers=args.jobs,
     )
