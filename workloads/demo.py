@@ -17,7 +17,7 @@ import shutil
 import time
 from typing import Any
 
-from workloads import errors, runconfig
+from workloads import errors, runconfig, storage
 
 # What the demo owns inside its workdir (--overwrite removes exactly these, nothing else).
 _OWNED = ("model", "data", "run", "merged", "run.yaml", "loss.png")
@@ -25,7 +25,10 @@ _OWNED = ("model", "data", "run", "merged", "run.yaml", "loss.png")
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--workdir", default="runs/demo", help="where everything goes (default runs/demo)"
+        "--workdir",
+        default="runs/demo",
+        type=storage.absolute,
+        help="where everything goes (default runs/demo, under the current directory)",
     )
     parser.add_argument("--steps", type=int, default=40, help="optimizer steps (default 40)")
     parser.add_argument(

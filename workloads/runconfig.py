@@ -1,8 +1,16 @@
 """The run-config schema: defined once, written by infra onto the VM, read by every workload.
 
 A run config is YAML or JSON. Every field is documented; unknown keys are errors (a typo must
-never be silently ignored). Paths may be local or `gs://`. Each workload reads its own section
-(`train`, `merge`, `serve`, `bench`, `eval`) plus the shared `model`, `data` and `lora` ones.
+never be silently ignored). Each workload reads its own section (`train`, `merge`, `serve`,
+`bench`, `eval`) plus the shared `model`, `data` and `lora` ones.
+
+Paths (the fields typed `ConfigPath` below) may be local or `gs://`. A relative local path is
+relative to the current working directory of the command that reads the config: `load` resolves
+it to an absolute path once, when it reads the file (`~` is expanded; gs:// and other URLs are
+left as they are), exactly as the command line resolves its own path options
+(`storage.absolute`), so every workload, Orbax included, sees absolute paths. `parse` leaves
+paths as written: infra renders configs for another machine, where this machine's working
+directory means nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from typing import Annotated, Any, Literal
 import pydantic
 import yaml
 
-from workloads import errors
+from workloads import errors, storage
 
 # The six modules the paper's recipe adapts; `k_einsum` (the global layers' K=V projection) is
 # an optional seventh.
@@ -74,6 +82,20 @@ def parse_size(text: str | int) -> int:
     return int(float(number) * _SIZE_UNITS[(unit or "B").upper()])
 
 
+# Validation context key: set by `load`, which resolves relative local paths (module docstring).
+_RESOLVE_PATHS = "resolve_paths"
+
+
+def _resolve_when_loading(value: str, info: pydantic.ValidationInfo) -> str:
+    if info.context and info.context.get(_RESOLVE_PATHS):
+        return storage.absolute(value)
+    return value
+
+
+# A local path or gs:// URL; relative local paths are resolved by `load` (module docstring).
+ConfigPath = Annotated[str, pydantic.AfterValidator(_resolve_when_loading)]
+
+
 class _Section(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
@@ -81,11 +103,11 @@ class _Section(pydantic.BaseModel):
 class ModelSection(_Section):
     """The base model."""
 
-    base: str = pydantic.Field(
+    base: ConfigPath = pydantic.Field(
         description="HF safetensors directory of the base model (config.json + *.safetensors + "
         "tokenizer files), local or gs://."
     )
-    stage_dir: str = pydantic.Field(
+    stage_dir: ConfigPath = pydantic.Field(
         "/dev/shm/models/base",
         description="Local directory a gs:// base is staged into once and reused (RAM-backed "
         "/dev/shm on TPU VMs: the boot disk has no room for 62.5 GB).",
@@ -98,7 +120,7 @@ class ModelSection(_Section):
 class DataSection(_Section):
     """The training data: CodeV-R1 style JSONL with `prompt` and `response` fields."""
 
-    dataset: str = pydantic.Field(
+    dataset: ConfigPath = pydantic.Field(
         description="JSONL file (local or gs://) with prompt/response rows."
     )
     max_rows: int | None = pydantic.Field(
@@ -161,7 +183,7 @@ class MeshSection(_Section):
 class TrainSection(_Section):
     """Optimisation, checkpointing and logging of the LoRA fine-tune."""
 
-    output_dir: str = pydantic.Field(
+    output_dir: ConfigPath = pydantic.Field(
         description="Run directory (local or gs://): checkpoints/, metrics.jsonl, tensorboard/."
     )
     accelerator: str | None = pydantic.Field(
@@ -196,7 +218,7 @@ class TrainSection(_Section):
         3, ge=1, description="Checkpoints kept (oldest deleted)."
     )
     log_every: int = pydantic.Field(1, ge=1, description="Log metrics every N optimizer steps.")
-    compile_cache_dir: str | None = pydantic.Field(
+    compile_cache_dir: ConfigPath | None = pydantic.Field(
         None, description="Persistent JAX compilation cache (local or gs://); null = off."
     )
 
@@ -216,7 +238,9 @@ class TrainSection(_Section):
 class MergeSection(_Section):
     """LoRA merge into Hugging Face safetensors shards."""
 
-    out: str = pydantic.Field(description="Output directory of the merged model (local or gs://).")
+    out: ConfigPath = pydantic.Field(
+        description="Output directory of the merged model (local or gs://)."
+    )
     shard_size: str = pydantic.Field("5GB", description="Largest shard file, e.g. 5GB or 512MiB.")
     step: int | None = pydantic.Field(None, ge=0, description="Checkpoint step; null = latest.")
 
@@ -234,8 +258,13 @@ class ServeSection(_Section):
     image: str = pydantic.Field(
         "vllm/vllm-tpu:v0.11.1", description="vLLM TPU container image (pinned tag or digest)."
     )
-    model_dir: str = pydantic.Field(description="Merged model directory to serve (local or gs://).")
-    local_dir: str = pydantic.Field(
+    model_dir: str = pydantic.Field(
+        description="Merged model directory to serve (local or gs://), or a Hugging Face hub id "
+        "(hf://org/name, or a bare org/name that is no local directory). Left as written by "
+        "`load` (a hub id is no path); `serve` resolves a relative local directory against the "
+        "working directory, as `load` does the other paths."
+    )
+    local_dir: ConfigPath = pydantic.Field(
         "/dev/shm/models/merged", description="Where a gs:// model is staged on the host (RAM)."
     )
     served_model_name: str = pydantic.Field(
@@ -252,7 +281,7 @@ class ServeSection(_Section):
     host: str = pydantic.Field("0.0.0.0", description="Bind address (the firewall limits sources).")  # noqa: S104
     port: int = pydantic.Field(8000, ge=1, le=65535, description="HTTP port of the OpenAI API.")
     shm_size: str = pydantic.Field("16G", description="Docker --shm-size.")
-    compile_cache_dir: str = pydantic.Field(
+    compile_cache_dir: ConfigPath = pydantic.Field(
         "/dev/shm/vllm-xla-cache", description="Host dir mounted as the XLA compilation cache."
     )
     compile_cache_gcs: str | None = pydantic.Field(
@@ -309,10 +338,10 @@ class BenchSection(_Section):
         (1, 2, 4, 8, 16, 32, 64, float("inf")), description="Requests per second; inf = burst."
     )
     num_prompts: int = pydantic.Field(200, ge=1, description="Prompts per sweep point.")
-    results_dir: str = pydantic.Field(
+    results_dir: ConfigPath = pydantic.Field(
         description="Where per-point JSON and the tables go (local or gs://)."
     )
-    scratch_dir: str = pydantic.Field(
+    scratch_dir: ConfigPath = pydantic.Field(
         "/dev/shm/gemma4-bench",
         description="Host dir the container writes result files into; "
         "must be visible at the same path inside the serving container (under the /dev/shm mount).",
@@ -346,10 +375,12 @@ class BenchSection(_Section):
 class EvalSection(_Section):
     """verilog-eval spec-to-rtl pass@k against the served endpoint."""
 
-    problems_dir: str = pydantic.Field(
+    problems_dir: ConfigPath = pydantic.Field(
         description="verilog-eval dataset_spec-to-rtl dir (local or gs://)."
     )
-    results_dir: str = pydantic.Field(description="Where samples, verdicts and the summary go.")
+    results_dir: ConfigPath = pydantic.Field(
+        description="Where samples, verdicts and the summary go (local or gs://)."
+    )
     endpoint: str = pydantic.Field(
         "http://127.0.0.1:8000/v1", description="OpenAI-compatible base URL."
     )
@@ -401,8 +432,14 @@ def format_validation_error(exc: pydantic.ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def parse(data: dict[str, Any], source: str = "run config") -> RunConfig:
+def parse(
+    data: dict[str, Any], source: str = "run config", *, resolve_paths: bool = False
+) -> RunConfig:
     """Validates a mapping into a RunConfig.
+
+    Args:
+        resolve_paths: make relative local paths absolute against the working directory (what
+            `load` does); off by default, so paths stay as written (module docstring).
 
     Raises:
         errors.UserError: listing every problem, one line each.
@@ -412,19 +449,18 @@ def parse(data: dict[str, Any], source: str = "run config") -> RunConfig:
             f"{source}: expected a mapping at the top level, got {type(data).__name__}"
         )
     try:
-        return RunConfig.model_validate(data)
+        return RunConfig.model_validate(data, context={_RESOLVE_PATHS: resolve_paths})
     except pydantic.ValidationError as exc:
         raise errors.UserError(format_validation_error(exc, source)) from None
 
 
 def load(path: str | pathlib.Path) -> RunConfig:
-    """Reads a YAML or JSON run config from a local path or gs://.
+    """Reads a YAML or JSON run config from a local path or gs://; relative local paths in it
+    come back absolute, resolved against the current working directory (module docstring).
 
     Raises:
         errors.UserError: the file is missing, unparsable, or invalid.
     """
-    from workloads import storage  # local import: storage pulls fsspec
-
     text = storage.read_text(str(path))
     try:
         data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
@@ -433,4 +469,4 @@ def load(path: str | pathlib.Path) -> RunConfig:
         raise errors.UserError(
             f"{path}: not valid {'JSON' if str(path).endswith('.json') else 'YAML'}: {first}"
         ) from None
-    return parse(data, source=str(path))
+    return parse(data, source=str(path), resolve_paths=True)

@@ -20,6 +20,18 @@ def is_remote(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
 
 
+def absolute(path: str) -> str:
+    """A local path made absolute against the current working directory (`~` expanded).
+
+    The one place relative paths are resolved: the command line's path options (their argparse
+    `type`) and a run config's path fields when it is loaded (`runconfig.load`). URLs (gs://,
+    hf://, file://, ...) and the empty string (an unset value) come back unchanged.
+    """
+    if not path or "://" in path:
+        return path
+    return os.path.abspath(os.path.expanduser(path))
+
+
 def filesystem(path: str) -> tuple[Any, str]:
     """The fsspec filesystem of a local path or URL and the path inside it.
 

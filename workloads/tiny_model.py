@@ -15,7 +15,7 @@ import json
 import pathlib
 from typing import Any
 
-from workloads import catalog, errors
+from workloads import catalog, errors, storage
 
 # Toy sizes with 31B's ratios where they matter (GQA groups, global head size = 2 x head size).
 HIDDEN = 64
@@ -282,7 +282,9 @@ def write_tiny_model(
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("out_dir", help="directory to write the checkpoint into")
+    parser.add_argument(
+        "out_dir", type=storage.absolute, help="directory to write the checkpoint into"
+    )
     parser.add_argument(
         "--seed", type=int, default=0, help="seed of the random weights (default 0)"
     )

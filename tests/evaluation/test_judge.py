@@ -8,12 +8,22 @@ import time
 
 import pytest
 
+from tests.evaluation import official_flow
 from tests.evaluation import verilog_samples as vs
-from workloads.evaluation import judge, problems
+from workloads.evaluation import extract, judge, problems
 
 pytestmark = pytest.mark.skipif(shutil.which("iverilog") is None, reason="needs Icarus Verilog")
 
 FAST = judge.Limits(timeout_s=2, output_bytes=64 * 1024)
+# The design, then a testbench that dumps waves: judged on the design alone.
+HELPFUL_ANSWER = (
+    "```verilog\n"
+    + vs.MAJORITY_OK
+    + "module TopModule_tb;\n  reg a, b, c;\n  wire y;\n"
+    + "  TopModule dut (.a(a), .b(b), .c(c), .y(y));\n"
+    + '  initial begin $dumpfile("w.vcd"); $dumpvars; {a, b, c} = 3; #1 $finish; end\n'
+    + "endmodule\n```\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +79,11 @@ def test_functional_verdicts(loaded, references, problem, code, passed, status):
         ("fake_verdict", "F"),
         ("include_file", "F"),
         ("empty", "X"),
+        ("forged_verdict_then_fatal", "A"),
+        ("forged_verdict_then_finish", "A"),
+        ("forged_verdict_then_stop", "A"),
+        ("forged_verdict", "R"),
+        ("fatal_midway", "A"),
     ],
 )
 def test_hostile_samples_fail(loaded, references, name, status):
@@ -91,6 +106,86 @@ def test_early_finish_reports_the_short_run(loaded, references):
     )
     assert verdict.samples is not None and 0 < verdict.samples < 57
     assert "stopped early" in verdict.reason
+
+
+def test_a_passing_line_then_an_abort_fails_with_its_reason(loaded, references, tmp_path):
+    code = vs.HOSTILE["forged_verdict_then_fatal"]
+    # The official flow passes it: its only verdict line says 0 mismatches in 57 samples.
+    assert official_flow.status(code, loaded["majority3"], tmp_path) == "."
+    verdict = judge.judge_sample(code, loaded["majority3"], expected_samples=57, limits=FAST)
+    assert (verdict.passed, verdict.status) == (False, "A")
+    assert verdict.reason.startswith(
+        "the simulator exited with status 1 after a passing verdict line: FATAL: sample.sv:"
+    )
+    assert judge.STATUS_MEANINGS["A"] == "simulation aborted"
+    assert "Mismatches: 0 in 57 samples" in verdict.log_tail and "testbench" not in verdict.log_tail
+
+
+@pytest.mark.parametrize("then", ["finish", "stop"])
+def test_ending_before_the_testbench_verdict_fails(loaded, tmp_path, then):
+    """vvp -n turns $stop into $finish; from a final block either ends the run, exit status 0,
+    before the testbench's final block prints its verdict."""
+    code = vs.HOSTILE[f"forged_verdict_then_{then}"]
+    assert official_flow.status(code, loaded["majority3"], tmp_path) == "."
+    verdict = judge.judge_sample(code, loaded["majority3"], expected_samples=57, limits=FAST)
+    assert verdict.status == "A"
+    assert verdict.reason.startswith("the testbench never printed its verdict")
+    assert verdict.reason.endswith("1 verdict line(s) came from the design")
+
+
+def test_the_testbench_copy_gets_a_fresh_tag(loaded):
+    with open(loaded["majority3"].test_path, encoding="utf-8") as handle:
+        source = handle.read()
+    first, tag = judge._tagged_testbench(source)
+    _, other = judge._tagged_testbench(source)
+    assert tag and other and tag != other
+    assert f'"Mismatches: %1d in %1d samples [testbench {tag}]"' in first
+    assert first.replace(f" [testbench {tag}]", "") == source
+    untouched = source.replace(judge.VERDICT_FORMAT, '"Errors: %1d of %1d"')
+    assert judge._tagged_testbench(untouched) == (untouched, None)
+
+
+def test_classify_exit_status_and_tag():
+    tagged = "Mismatches: 0 in 10 samples [testbench 0a1b]\n"
+    forged = "Mismatches: 0 in 10 samples\n"
+    ok = {"compile_ok": True, "expected_samples": 10}
+    assert judge.classify(tagged, **ok, tag="0a1b")[:2] == (".", "pass")
+    assert judge.classify(tagged, **ok, tag="ffff")[0] == "A"  # someone else's tag
+    assert judge.classify(forged, **ok, tag=None)[0] == "."  # an untagged testbench
+    assert judge.classify(forged + tagged, **ok, tag="0a1b")[1] == (
+        "the design printed 1 verdict line(s) of its own"
+    )
+    status, reason, *_ = judge.classify(tagged, **ok, tag="0a1b", exit_status=1)
+    assert (status, reason) == (
+        "A",
+        "the simulator exited with status 1 after a passing verdict line: "
+        "Mismatches: 0 in 10 samples [testbench 0a1b]",
+    )
+    assert judge.classify("FATAL: x.sv:3: boom\n", **ok, exit_status=1)[1].endswith(
+        "status 1: FATAL: x.sv:3: boom"
+    )
+    assert judge.classify("", **ok, exit_status=-9)[1] == (
+        "the simulator was killed by signal 9 SIGKILL"
+    )
+    # Compile failures and timeouts come first, as in the analyzer.
+    assert judge.classify("TIMEOUT\n", **ok, exit_status=None, tag="0a1b")[0] == "T"
+    assert judge.classify("a.sv:1: syntax error\n", **ok, exit_status=1)[0] == "S"
+
+
+def test_status_groups_cover_every_letter():
+    letters = [s for group in judge.STATUS_GROUPS.values() for s in group]
+    assert sorted(letters) == sorted(judge.STATUS_MEANINGS)
+    assert judge.group_counts({".": 3, "S": 1, "C": 2, "A": 1, "F": 1, "O": 1, "?": 4}) == {
+        "passed": 3,
+        "failed to compile": 3,
+        "timed out": 0,
+        "mismatched": 0,
+        "aborted": 1,
+        "refused by the sandbox": 2,
+        "no code in the answer": 0,
+        "request failed": 0,
+        "other": 4,
+    }
 
 
 def test_classify_follows_the_analyzer():
@@ -134,6 +229,7 @@ def test_judge_all_runs_a_hostile_mix_in_parallel(loaded, tmp_path, monkeypatch)
             vs.HOSTILE["stop"],
             None,
             vs.MAJORITY_OK,
+            extract.extract_code(HELPFUL_ANSWER),
         ],
         "Prob002_count16": [vs.COUNTER_OK, vs.HOSTILE["compile_error"]],
         "Prob003_delay3": [vs.DELAY_NEVER_DONE, vs.DELAY_OK],
@@ -147,10 +243,10 @@ def test_judge_all_runs_a_hostile_mix_in_parallel(loaded, tmp_path, monkeypatch)
         "Prob002_count16": 282,
         "Prob003_delay3": 48,
     }
-    assert [v.status for v in verdicts["Prob001_majority3"]] == [".", "T", "O", "R", "E", "."]
+    assert [v.status for v in verdicts["Prob001_majority3"]] == [".", "T", "O", "R", "E", ".", "."]
     assert [v.status for v in verdicts["Prob002_count16"]] == [".", "S"]
     assert [v.status for v in verdicts["Prob003_delay3"]] == ["T", "."]
-    assert len(seen) == 9  # every sample but the failed request
+    assert len(seen) == 10  # every sample but the failed request
     assert list(tmp_path.iterdir()) == []  # every sample directory was removed
     # No simulator survives its timeout.
     leftovers = [pid for pid in os.listdir("/proc") if pid.isdigit() and _cwd_under(pid, tmp_path)]

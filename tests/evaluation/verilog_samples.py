@@ -54,6 +54,14 @@ endmodule
 _MAJORITY_LOGIC = "  assign y = (a & b) | (a & c) | (b & c);\n"
 _HEADER = "module TopModule (input a, input b, input c, output y);\n"
 
+
+def _forged(then: str) -> str:
+    return (
+        '  final begin\n    $display("%s: 0 in 57 samples", {"Mis", "matches"});\n'
+        f"    {then}\n  end\nendmodule\n"
+    )
+
+
 HOSTILE = {
     # A zero-delay loop at time 0: the simulator never advances; only the wall clock stops it.
     "infinite_loop": _HEADER
@@ -86,5 +94,19 @@ HOSTILE = {
     + "  assign y = 0;\n"
     + '  initial $display("Mismatches: 0 in 57 samples");\nendmodule\n',
     "include_file": '`include "/etc/passwd"\n' + _HEADER + _MAJORITY_LOGIC + "endmodule\n",
+    # Correct logic that prints a passing verdict line of its own (spelled so that no
+    # "Mismatches" literal shows) and then ends the simulation from its final block, which
+    # iverilog runs before the testbench's: the testbench never prints its verdict. The
+    # official flow passes all three.
+    "forged_verdict_then_fatal": _HEADER + _MAJORITY_LOGIC + _forged('$fatal(1, "bye");'),
+    "forged_verdict_then_finish": _HEADER + _MAJORITY_LOGIC + _forged("$finish;"),
+    "forged_verdict_then_stop": _HEADER + _MAJORITY_LOGIC + _forged("$stop;"),
+    # The forged line next to the testbench's own.
+    "forged_verdict": _HEADER + _MAJORITY_LOGIC + _forged(""),
+    # Aborts midway; final blocks still run, so the testbench reports a short run.
+    "fatal_midway": "`timescale 1 ps/1 ps\n"
+    + _HEADER
+    + _MAJORITY_LOGIC
+    + '  initial #100 $fatal(1, "giving up");\nendmodule\n',
     "empty": "",
 }

@@ -69,6 +69,9 @@ def summaries(tmp_path):
                 "top_p": 0.95,
                 "max_tokens": 1024,
                 "model": "gemma-ft",
+                "status_counts": {".": 520, "A": 2, "C": 60, "F": 3, "R": 150, "S": 40, "T": 5},
+                "truncated_samples": 4,
+                "reference_failures": ["Prob099_m2014_q6c"],
             }
         )
     )
@@ -111,6 +114,21 @@ def test_report_from_summaries(summaries, tmp_path):
     assert "| 1 | $71.92 | $77.63 | $141.35 |" in md
     assert "| 24 | $566.88 | $572.59 | $650.11 |" in md
     assert "| pass@1 | 0.650 | 0.641 |" in md and "| pass@5 | 0.800 | 0.795 |" in md
+    assert "| metric | this run | paper (TPU-trained) |" in md
+    assert "How the 780 samples ended" in md
+    for line in (
+        "| passed | 520 | `.` pass: 520 |",
+        "| failed to compile | 100 | `C` compile error: 60, `S` syntax error: 40 |",
+        "| timed out | 5 | `T` timeout: 5 |",
+        "| mismatched | 150 | `R` runtime mismatch: 150 |",
+        "| aborted | 2 | `A` simulation aborted: 2 |",
+        "| refused by the sandbox | 3 | `F` forbidden construct: 3 |",
+        "| no code in the answer | 0 |  |",
+        "Answers cut off by the token limit: 4.",
+        "The reference solution itself fails on 1 problems (Prob099_m2014_q6c)",
+    ):
+        assert line in md, line
+    assert report["quality"]["outcomes"]["failed to compile"] == 100
     for name in FIGURES:
         assert f"({name})" in md
 
@@ -122,6 +140,7 @@ def test_missing_inputs_are_not_measured(tmp_path):
     assert "| cost | not measured | $56.11 | $119.23 |" in md
     assert "| 1 | not measured | $77.63 | $141.35 |" in md
     assert "| pass@1 | not measured | 0.641 |" in md
+    assert "How the samples ended: not measured." in md
     for name in FIGURES:
         assert (out / name).read_bytes().startswith(PNG_MAGIC)
 

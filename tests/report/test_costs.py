@@ -1,4 +1,4 @@
-"""The cost model recomputes the paper's tables from the paper's inputs (FACTS.md)."""
+"""The cost model recomputes the paper's tables from the paper's inputs (catalog.PAPER)."""
 
 import pytest
 

@@ -1,32 +1,31 @@
 """`python -m workloads demo` end to end (short): tiny model, synthetic data, a stopped and
-resumed training run, merge, verification; the summary prints the merge's logits figure."""
+resumed training run, merge, verification; the summary prints the merge's logits figure.
+
+Run as the README's first command is: from a directory of the user's (a fresh clone) with the
+default, relative --workdir runs/demo (Orbax refuses relative checkpoint paths)."""
 
 from __future__ import annotations
 
 import os
+import pathlib
 import re
-import subprocess
-import sys
 
 import pytest
 
+from workloads import cli
+
 
 @pytest.mark.slow
-def test_demo_prints_the_summary_and_the_merge_verification_figure(tmp_path):
-    workdir = tmp_path / "demo"
+def test_demo_with_the_default_workdir_prints_the_summary_and_the_merge_figure(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    workdir = pathlib.Path(os.getcwd()) / "runs" / "demo"
     # With the two CPU devices the tests' conftest fakes through XLA_FLAGS: the demo's mesh must
     # use every visible device (a user's plain run sees one).
-    env = dict(os.environ)
-    done = subprocess.run(
-        [sys.executable, "-m", "workloads", "demo", "--workdir", str(workdir), "--steps", "4",
-         "--rows", "48"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    out = done.stdout
+    code = cli.main(["demo", "--steps", "4", "--rows", "48"])
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
     assert "demo summary" in out and re.search(r"loss: first [\d.]+ -> last [\d.]+", out)
     assert re.search(r"tokens/s: \d+ real tokens/s", out)
     assert "resumed: stopped after step 2, resumed from checkpoint step 2" in out
@@ -35,3 +34,29 @@ def test_demo_prints_the_summary_and_the_merge_verification_figure(tmp_path):
     assert figure and float(figure.group(1)) < 1e-4, out[-2000:]
     assert (workdir / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (workdir / "merged" / "model.safetensors.index.json").is_file()
+    # The run config it wrote reproduces the training from any directory: absolute paths.
+    assert f"output_dir: {workdir / 'run'}\n" in (workdir / "run.yaml").read_text()
+
+    # The same command again is refused in one line, and the demo is left as it was.
+    assert cli.main(["demo", "--steps", "4", "--rows", "48"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {workdir} already holds a demo")
+    assert (workdir / "merged" / "model.safetensors.index.json").is_file()
+
+
+def test_a_second_demo_is_refused_in_one_line_naming_the_absolute_workdir(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    workdir = pathlib.Path(os.getcwd()) / "runs" / "demo"
+    workdir.mkdir(parents=True)
+    (workdir / "run.yaml").write_text("run_name: demo\n")
+    (workdir / "notes.txt").write_text("mine")
+
+    assert cli.main(["demo"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {workdir} already holds a demo (run.yaml); pass --overwrite to start over "
+        "or --workdir for another directory\n"
+    )
+    assert (workdir / "run.yaml").read_text() == "run_name: demo\n"
+    assert (workdir / "notes.txt").read_text() == "mine"

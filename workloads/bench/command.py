@@ -30,12 +30,14 @@ def _log(message: str) -> None:
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
+        type=storage.absolute,
         help="run config (YAML/JSON, local or gs://) with serve and "
         "bench sections; not needed with --aggregate-only",
     )
     parser.add_argument(
         "--aggregate-only",
         metavar="DIR",
+        type=storage.absolute,
         help="only aggregate DIR/raw/*.json into tables and plots in DIR",
     )
 

@@ -26,10 +26,14 @@ _FIELDS = runconfig.EvalSection.model_fields
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Adds the eval options; every one defaults to the run config's value, then the schema's."""
     parser.add_argument(
-        "--config", help="run config (YAML/JSON, local or gs://); uses its `eval` section"
+        "--config",
+        type=storage.absolute,
+        help="run config (YAML/JSON, local or gs://); uses its `eval` section",
     )
     parser.add_argument(
-        "--problems", help="verilog-eval dataset_spec-to-rtl directory (local or gs://)"
+        "--problems",
+        type=storage.absolute,
+        help="verilog-eval dataset_spec-to-rtl directory (local or gs://)",
     )
     parser.add_argument(
         "--endpoint", help=f"OpenAI-compatible base URL (default {_FIELDS['endpoint'].default})"
@@ -39,7 +43,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="served model name (default: the config's serve.served_model_name, "
         "else the only model the endpoint lists)",
     )
-    parser.add_argument("--out", help="results directory (local or gs://)")
+    parser.add_argument("--out", type=storage.absolute, help="results directory (local or gs://)")
     parser.add_argument(
         "-n", type=int, help=f"samples per problem (default {_FIELDS['n'].default})"
     )
@@ -194,20 +198,15 @@ def main(args: argparse.Namespace) -> int:
 
     extractions: dict[str, list[extract.Extraction | None]] = {}
     for p in items:
-        reserved = set()
-        for path in (p.test_path, p.ref_path):
-            with open(path, encoding="utf-8") as handle:
-                reserved.update(extract.declared_modules(handle.read()))
         extractions[p.name] = [
-            None if "error" in s else extract.extract_code(s.get("text"), reserved=reserved)
-            for s in samples[p.name]
+            None if "error" in s else extract.extract_code(s.get("text")) for s in samples[p.name]
         ]
 
     _log(f"judging {sum(len(v) for v in extractions.values())} samples with iverilog")
     started = time.monotonic()
     references, verdicts = judge.judge_all(
         items,
-        {name: [e.code if e is not None else None for e in ex] for name, ex in extractions.items()},
+        extractions,
         limits=judge.Limits(timeout_s=settings["sim_timeout_s"]),
         workers=args.jobs,
     )

@@ -1,28 +1,48 @@
-"""Pulls the Verilog out of a model's answer.
+"""Pulls the Verilog out of a model's answer the way verilog-eval v2's spec-to-rtl flow does, then
+keeps only the design.
 
-Model output is messy: thinking left in the text (`<think>…</think>`, Gemma 4's
-`<|channel>thought…<channel|>`), the [BEGIN]/[DONE] markers the prompt asks for, ```verilog
-fences (several, some not closed), prose before, between and after the code, a module cut off
-by the token limit, a testbench the model wrote "to be helpful", a corrected second version of
-the same module. The rules, in order:
+Step 1, the answer's code, by the official flow's rules (the first that applies):
 
-1. Thinking is removed (a block cut off by the token limit is removed to the end).
-2. The code region is the [BEGIN]…[DONE] text if there is any, else the fenced blocks, else the
-   whole text; the first of these that declares a module wins.
-3. Inside fences everything is code, but only blocks that declare a module are kept. In bare
-   text only `module … endmodule` units (and `define/`timescale lines) are kept, never prose.
-4. When a module is declared twice the last declaration wins (models correct themselves);
-   modules named like one of the testbench's or the reference's (`tb`, `RefModule`,
-   `stimulus_gen`) are dropped, since they could only collide with them.
-5. A module without `endmodule` (cut off) gets one appended; it then compiles only if the cut
-   fell after the last statement.
+a. Markers. A line that begins (after indentation) with `[BEGIN]` opens the code: the rest of
+   that line, then every following line up to the first later line that ends with `[DONE]`
+   (that line's text before the marker included). Everything in between is code: a ``` fence
+   line or a sentence there reaches the compiler. A `[BEGIN]` without a later `[DONE]` (an
+   answer cut off by the token limit) yields no code at all.
+b. Fences. Without markers, when two or more lines begin with ``` in column 0, the code is the
+   lines between the first two of them: the first fenced block only, whatever the later blocks
+   hold (a corrected version, the top module, a testbench).
+c. Otherwise the text itself, up to and including the first line that begins (after
+   indentation) with `endmodule`, leaving out lines that begin with ```. It starts at the first
+   line that begins with `module TopModule` when such a line exists in column 0 with no
+   column-0 `endmodule` line before it, else at the top (prose included).
+
+Before that, reasoning the server left in the answer (`<think>…</think>`, Gemma 4's
+`<|channel>thought…<channel|>`) is removed: the official flow's models put none in the answer,
+and a reasoning parser on the server takes it out of the content. Nothing is repaired: a module
+cut off before its `endmodule` stays cut off, as it does in the official flow.
+
+Step 2, the design: the module the problem asks for (`TopModule`, which the testbench
+instantiates) and every module reachable from it by instantiation (a helper submodule). Modules
+nothing reaches are dropped: a testbench the model wrote "to be helpful" (with `$dumpfile`,
+`$monitor`, its own `Mismatches` prints), drafts under other names. The official flow compiles
+them too but never runs them (iverilog elaborates only the official `tb` and what it
+instantiates), so dropping them changes no verdict, keeps the sandbox rules about what actually
+runs, and guarantees that a testbench the answer brings never replaces or joins the official
+one. Text outside modules (directives, or prose that breaks the compile in the official flow
+too) stays; when the code declares no `TopModule` nothing is dropped.
+
+The official compile of the dropped modules can still fail, and then the official flow fails
+the sample: a module that does not parse, or a second module named like one of the testbench's
+(`tb`, `RefModule`, `stimulus_gen`). `Extraction.official_code` keeps the code as step 1 found
+it, so that the judge can parse it the way the official flow compiles it (judge.judge_sample).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable
+
+TOP = "TopModule"
 
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _CHANNEL_BLOCK = re.compile(r"<\|channel>.*?<channel\|>", re.DOTALL)
@@ -30,9 +50,11 @@ _HEADER = re.compile(
     r"^[ \t]*(?:\(\*[^\n]*?\*\)[ \t]*)?(?:macro)?module[ \t\r\n]+([A-Za-z_][\w$]*)", re.MULTILINE
 )
 _END = re.compile(r"\bendmodule\b(?:[ \t]*:[ \t]*[A-Za-z_][\w$]*)?")
-_FENCE_OPEN = re.compile(r"^\s*`{3,}\s*([\w+#.-]*)")
-_DIRECTIVE = re.compile(r"^[ \t]*`(?:define|undef|timescale)\b.*$", re.MULTILINE)
-_BEGIN, _DONE = "[BEGIN]", "[DONE]"
+# What cannot name a module: comments and string literals.
+_NOT_CODE = re.compile(r"//[^\n]*|/\*.*?\*/|\"(?:\\.|[^\"\\\n])*\"", re.DOTALL)
+_IDENTIFIER = re.compile(r"\\\S+|[A-Za-z_][\w$]*")
+_DEFINE = re.compile(r"^[ \t]*`define\b.*$", re.MULTILINE)
+_BEGIN, _DONE, _FENCE = "[BEGIN]", "[DONE]", "```"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,21 +62,24 @@ class Extraction:
     """What extract_code found.
 
     Attributes:
-        code: Verilog to compile; empty when the answer holds no code.
-        method: `begin-done`, `fence`, `bare` or `none` (where the code came from).
-        notes: what was repaired or dropped, for the per-sample record.
+        code: the design to compile and simulate; empty when the answer holds no module.
+        method: `begin-done`, `fence`, `bare` or `none`: which official rule found the code
+            (a, b, c above; `none` when it holds no module).
+        notes: what was dropped or is broken, for the per-sample record.
+        official_code: the code as the official flow compiles it, before modules were dropped;
+            equal to `code` when nothing was dropped.
     """
 
     code: str
     method: str
     notes: tuple[str, ...] = ()
+    official_code: str = ""
 
 
-@dataclasses.dataclass
-class _Segment:
+@dataclasses.dataclass(frozen=True)
+class _Unit:
     text: str
     module: str | None = None  # None: text outside any module
-    truncated: bool = False
 
 
 def declared_modules(source: str) -> list[str]:
@@ -79,129 +104,135 @@ def strip_thinking(text: str) -> tuple[str, bool]:
     return text, text != original
 
 
-def _split_modules(code: str) -> list[_Segment]:
-    segments: list[_Segment] = []
+def _between_markers(lines: list[str]) -> list[str] | None:
+    """Rule a: None without a [BEGIN] line; [] when no [DONE] follows it."""
+    opening = next((i for i, line in enumerate(lines) if line.lstrip().startswith(_BEGIN)), None)
+    if opening is None:
+        return None
+    rest = lines[opening].lstrip().replace(_BEGIN, "")
+    code = [rest] if rest.strip() else []
+    for line in lines[opening + 1 :]:
+        if line.rstrip().endswith(_DONE):
+            before = line.rstrip().replace(_DONE, "")
+            return code + ([before] if before.strip() else [])
+        code.append(line)
+    return []
+
+
+def _first_fenced_block(lines: list[str]) -> list[str] | None:
+    """Rule b: None unless two lines open with ``` in column 0."""
+    fences = [i for i, line in enumerate(lines) if line.startswith(_FENCE)]
+    if len(fences) < 2:
+        return None
+    return lines[fences[0] + 1 : fences[1]]
+
+
+def _from_text(lines: list[str], top: str) -> list[str]:
+    """Rule c: from the top module's header (or the top) to the first endmodule line."""
+    header = f"module {top}"
+    column0 = next((i for i, line in enumerate(lines) if line.startswith(header)), None)
+    start = 0
+    if column0 is not None and not any(line.startswith("endmodule") for line in lines[:column0]):
+        start = next(i for i, line in enumerate(lines) if line.strip().startswith(header))
+    stop = next(
+        (i for i, line in enumerate(lines) if line.strip().startswith("endmodule")), len(lines)
+    )
+    return [line for line in lines[start : stop + 1] if not line.startswith(_FENCE)]
+
+
+def _units(code: str) -> list[_Unit]:
+    """Splits code into modules (header to endmodule, or to the next header) and the rest."""
+    units: list[_Unit] = []
     headers = list(_HEADER.finditer(code))
     pos = 0
     for i, header in enumerate(headers):
         if header.start() < pos:
             continue  # a `module` line inside the previous module's text
-        segments.append(_Segment(code[pos : header.start()]))
+        units.append(_Unit(code[pos : header.start()]))
         next_start = headers[i + 1].start() if i + 1 < len(headers) else len(code)
         end = _END.search(code, header.end())
-        if end is None or end.start() > next_start:
-            body = code[header.start() : next_start].rstrip() + "\nendmodule\n"
-            segments.append(_Segment(body, header.group(1), truncated=True))
-            pos = next_start
-        else:
-            segments.append(_Segment(code[header.start() : end.end()], header.group(1)))
-            pos = end.end()
-    segments.append(_Segment(code[pos:]))
-    return segments
+        pos = next_start if end is None or end.start() > next_start else end.end()
+        units.append(_Unit(code[header.start() : pos], header.group(1)))
+    units.append(_Unit(code[pos:]))
+    return [u for u in units if u.text]
 
 
-def _fenced_blocks(text: str) -> list[str]:
-    blocks: list[str] = []
-    lines: list[str] | None = None
-    for line in text.splitlines():
-        if lines is None:
-            if _FENCE_OPEN.match(line):
-                lines = []
-            continue
-        stripped = line.rstrip()
-        if stripped.lstrip().startswith("```"):
-            blocks.append("\n".join(lines))
-            lines = None
-        elif stripped.endswith("```"):
-            lines.append(stripped[:-3])
-            blocks.append("\n".join(lines))
-            lines = None
-        else:
-            lines.append(line)
-    if lines is not None:  # not closed: cut off by the token limit
-        blocks.append("\n".join(lines))
-    return blocks
+def _names_in(text: str) -> set[str]:
+    """Identifiers in code (escaped ones without their backslash), comments and strings aside."""
+    return {
+        token[1:] if token.startswith("\\") else token
+        for token in _IDENTIFIER.findall(_NOT_CODE.sub(" ", text))
+    }
 
 
-def _begin_done_regions(text: str) -> list[str]:
-    regions = []
-    for part in text.split(_BEGIN)[1:]:
-        region = part.split(_DONE, 1)[0]
-        # Some models fence the code inside the markers as well.
-        fenced = _fenced_blocks(region)
-        regions.extend(fenced if fenced else [region])
-    return regions
+def _reachable(units: list[_Unit], top: str) -> set[str]:
+    """Module names reachable from top; a macro definition may name modules for anyone."""
+    bodies: dict[str, list[str]] = {}
+    for unit in units:
+        if unit.module is not None:
+            bodies.setdefault(unit.module, []).append(unit.text)
+    by_macro = {
+        name
+        for unit in units
+        for line in _DEFINE.findall(unit.text)
+        for name in _names_in(line)
+        if name in bodies
+    }
+    reached = {top}
+    frontier = [top, *by_macro]
+    reached.update(by_macro)
+    while frontier:
+        for text in bodies.get(frontier.pop(), []):
+            for name in _names_in(text):
+                if name in bodies and name not in reached:
+                    reached.add(name)
+                    frontier.append(name)
+    return reached
 
 
-def _assemble(
-    blocks: list[list[_Segment]], keep_outside_text: bool, reserved: set[str]
-) -> tuple[str, list[str]]:
-    notes: list[str] = []
-    last_owner: dict[str, tuple[int, int]] = {}
-    for b, segments in enumerate(blocks):
-        for s, segment in enumerate(segments):
-            if segment.module is not None:
-                last_owner[segment.module] = (b, s)
-    dropped_reserved = sorted({n for n in last_owner if n in reserved})
-    if dropped_reserved:
-        notes.append(f"dropped modules {', '.join(dropped_reserved)} (the testbench has them)")
-    superseded = sum(
-        1
-        for b, segs in enumerate(blocks)
-        for s, seg in enumerate(segs)
-        if seg.module is not None and last_owner[seg.module] != (b, s)
-    )
-    if superseded:
-        notes.append(f"kept the last of {superseded + len(last_owner)} module declarations")
-    parts: list[str] = []
-    for b, segments in enumerate(blocks):
-        kept = [
-            seg
-            for s, seg in enumerate(segments)
-            if seg.module is None
-            or (last_owner[seg.module] == (b, s) and seg.module not in reserved)
-        ]
-        if not any(seg.module is not None for seg in kept):
-            continue
-        for seg in kept:
-            if seg.module is not None:
-                if seg.truncated:
-                    notes.append(f"module {seg.module} had no endmodule (cut off?): appended one")
-                parts.append(seg.text.strip("\n"))
-            elif keep_outside_text:
-                if seg.text.strip():
-                    parts.append(seg.text.strip("\n"))
-            else:
-                parts.extend(m.group(0).strip() for m in _DIRECTIVE.finditer(seg.text))
-    return "\n\n".join(parts).strip(), notes
-
-
-def extract_code(text: str | None, *, reserved: Iterable[str] = ()) -> Extraction:
+def extract_code(text: str | None, *, top: str = TOP) -> Extraction:
     """Finds the Verilog design in one model answer.
 
     Args:
         text: the answer (the `content` of the chat completion); None counts as empty.
-        reserved: module names the testbench and reference define; the answer's modules of these
-            names are dropped.
+        top: the module the problem asks for (verilog-eval's testbenches instantiate TopModule).
 
     Returns:
-        The code (possibly empty), where it came from and what was repaired.
+        The design (possibly empty), which rule found it, notes, and the official code.
     """
     answer, had_thinking = strip_thinking(text or "")
     notes = ["removed thinking"] if had_thinking else []
-    reserved_set = set(reserved)
-    candidates: list[tuple[str, list[str], bool]] = []
-    if _BEGIN in answer:
-        candidates.append(("begin-done", _begin_done_regions(answer), True))
-    fenced = _fenced_blocks(answer)
-    if fenced:
-        candidates.append(("fence", fenced, True))
-    candidates.append(("bare", [answer], False))
-    for method, regions, keep_outside in candidates:
-        blocks = [_split_modules(region) for region in regions]
-        if not any(seg.module is not None for segments in blocks for seg in segments):
-            continue
-        code, more_notes = _assemble(blocks, keep_outside, reserved_set)
-        if code:
-            return Extraction(code + "\n", method, tuple(notes + more_notes))
-    return Extraction("", "none", tuple([*notes, "no module declaration found"]))
+    lines = answer.splitlines()
+    region = _between_markers(lines)
+    method = "begin-done"
+    if region is None:
+        region = _first_fenced_block(lines)
+        method = "fence"
+    if region is None:
+        region = _from_text(lines, top)
+        method = "bare"
+    if method == "begin-done" and not region:
+        notes.append("[BEGIN] without a later [DONE]: the official flow takes no code")
+    official = "\n".join(region).strip("\n")
+    units = _units(official)
+    declared = [u.module for u in units if u.module is not None]
+    if not declared:
+        return Extraction("", "none", tuple([*notes, "no module declaration found"]), "")
+    official += "\n"
+    for name in sorted({n for n in declared if declared.count(n) > 1}):
+        notes.append(f"module {name} is declared {declared.count(name)} times")
+    if top not in declared:
+        notes.append(f"no module {top}: nothing dropped")
+        return Extraction(official, method, tuple(notes), official)
+    reached = _reachable(units, top)
+    kept = [u for u in units if u.module is None or u.module in reached]
+    dropped = [u.module for u in units if u.module is not None and u.module not in reached]
+    if dropped:
+        notes.append(f"dropped modules {top} does not instantiate: {', '.join(dropped)}")
+    notes.extend(
+        f"module {u.module} has no endmodule (cut off?)"
+        for u in kept
+        if u.module is not None and not _END.search(u.text)
+    )
+    code = "".join(u.text for u in kept).strip("\n") + "\n" if dropped else official
+    return Extraction(code, method, tuple(notes), official)

@@ -9,18 +9,33 @@ and the combined log is classified with the analyzer's rules, in its order (firs
 `S` syntax error, `e` explicit cast needed, `0` zero-width constant, `n` no sensitivities,
 `w` reg assigned as wire, `m` unknown module, `c` cannot bind clk, `T` TIMEOUT; then `p`
 (cannot bind a signal) and `C` (any other line with "error"); a sample passes (`.`) only when
-the testbench printed `Mismatches: 0 in N samples`. We are stricter in ways that only matter
-for broken or hostile samples: exactly one such line, N > 0 and N equal to what the reference
-solution itself gets (an early `$finish` or `$stop` stops counting), a zero exit status from
-iverilog, and output under a size cap (`O`); anything else is `R`.
+the testbench printed `Mismatches: 0 in N samples`.
+
+sample.sv is the design extract.extract_code kept (TopModule and the modules it instantiates).
+When it dropped modules (a helper testbench), the code as the official flow extracts it is first
+compiled the official way but not run (`iverilog -t null`): if that fails (a dropped module that
+does not parse, a second `tb`), the sample fails with that status, as in the official flow.
+
+We are stricter in ways that only matter for broken or hostile samples. The testbench must reach
+its own end normally: its copy gets a random tag, new for every run, in the format string of its
+verdict line, and only a tagged line counts. So a design that prints its own verdict line (an
+obfuscated "Mismatches: 0") and then ends the simulation before the testbench's final block
+(a `$finish`, `$stop` or `$fatal` in its own final block, which runs first) fails, and so does
+any run whose simulator exits with a status other than 0 (`$fatal` exits 1, a crash or a resource
+limit kills it): status `A`, simulation aborted. (vvp runs with -n, so `$stop` acts as
+`$finish`: the simulation ends and final blocks run, the testbench's included unless a final
+block stopped first.) Further: exactly one verdict line, N > 0 and N equal to what the
+reference solution itself gets (an early `$finish` or `$stop` stops counting: `R`), a zero
+exit status from iverilog, and output under a size cap (`O`).
 
 Generated Verilog is untrusted code. It never passes through a shell; each sample runs in its
 own private temporary directory with stdin closed, a minimal environment, its own process group
 (killed as a whole on timeout), CPU-time, file-size, address-space and core-dump limits, and
 its output read up to a cap. Icarus has no `$system`; file-writing or file-reading system tasks
-and `include are refused before compiling (`F`), as is the literal testbench verdict string.
-Empty code is `X`. Samples run in parallel on a thread pool of os.cpu_count() workers (the
-threads only wait on child processes).
+and `include are refused before compiling (`F`), as is the literal testbench verdict string:
+these rules apply to sample.sv, what is compiled and run (`include also to the official code,
+which is compiled). Empty code is `X`. Samples run in parallel on a thread pool of
+os.cpu_count() workers (the threads only wait on child processes).
 """
 
 from __future__ import annotations
@@ -32,6 +47,7 @@ import math
 import os
 import re
 import resource
+import secrets
 import selectors
 import shutil
 import signal
@@ -44,7 +60,10 @@ from workloads import errors
 from workloads.evaluation import extract, problems
 
 IVERILOG_FLAGS = ("-Wall", "-Winfloop", "-Wno-timescale", "-g2012", "-s", "tb")
-_MISMATCH_RE = re.compile(r"^Mismatches: (\d+) in (\d+) samples$")
+_MISMATCH_RE = re.compile(r"^Mismatches: (\d+) in (\d+) samples( \[testbench [0-9a-f]+\])?$")
+# The format string of verilog-eval's verdict line, as every one of its testbenches spells it.
+VERDICT_FORMAT = '"Mismatches: %1d in %1d samples"'
+_INCLUDE_RE = re.compile(r"`include\b")
 _FORBIDDEN_RE = re.compile(
     r"\$(?:fopen|fclose|fdisplay\w*|fwrite\w*|fstrobe\w*|fmonitor\w*|fputc|fflush|fread|fgets|"
     r"fgetc|fscanf|fseek|rewind|ungetc|readmem\w*|writemem\w*|dumpfile|dumpvars|dumpall|"
@@ -78,10 +97,32 @@ STATUS_MEANINGS: dict[str, str] = {
     "T": "timeout",
     "R": "runtime mismatch",
     "O": "output over the cap",
+    "A": "simulation aborted",
     "F": "forbidden construct",
     "X": "no code in the answer",
     "E": "request failed",
 }
+# Why samples failed, for summaries: outcome -> status letters.
+STATUS_GROUPS: dict[str, tuple[str, ...]] = {
+    "passed": (".",),
+    "failed to compile": ("S", "C", "e", "0", "n", "w", "m", "p", "c"),
+    "timed out": ("T",),
+    "mismatched": ("R",),
+    "aborted": ("A",),
+    "refused by the sandbox": ("F", "O"),
+    "no code in the answer": ("X",),
+    "request failed": ("E",),
+}
+
+
+def group_counts(status_counts: Mapping[str, int]) -> dict[str, int]:
+    """Sample counts per outcome of STATUS_GROUPS (every outcome, zeros included; letters
+    outside the groups count as "other", listed only when there are any)."""
+    groups = {outcome: 0 for outcome in STATUS_GROUPS}
+    for status, count in status_counts.items():
+        outcome = next((o for o, letters in STATUS_GROUPS.items() if status in letters), "other")
+        groups[outcome] = groups.get(outcome, 0) + count
+    return groups
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,37 +288,89 @@ def _run(argv: Sequence[str], cwd: str, limits: Limits) -> _Output:
     return _Output(returncode, text, timed_out, overflowed)
 
 
+def compile_status(log: str, *, compile_ok: bool) -> tuple[str, str] | None:
+    """The analyzer's rules that fail a sample before its verdict line is read.
+
+    Returns:
+        (status letter, reason) of the first rule that matches, else None.
+    """
+    error_line = bind_error = False
+    for line in log.splitlines():
+        for needle, status in _ANALYZER_RULES:
+            if needle in line:
+                return status, f"{STATUS_MEANINGS[status]}: {line.strip()[:200]}"
+        error_line = error_line or "error" in line
+        bind_error = bind_error or "Unable to bind wire/reg" in line
+    if bind_error:
+        return "p", STATUS_MEANINGS["p"]
+    if error_line or not compile_ok:
+        first = next((ln.strip() for ln in log.splitlines() if "error" in ln.lower()), "")
+        return "C", f"compile error: {first[:200]}".rstrip(": ")
+    return None
+
+
+def _abort_detail(log: str) -> str:
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    telling = [ln for ln in lines if ln.startswith(("FATAL", "ERROR", "Error")) or "Error:" in ln]
+    return (telling or lines or [""])[0 if telling else -1][:200]
+
+
 def classify(
-    log: str, *, compile_ok: bool, expected_samples: int | None
+    log: str,
+    *,
+    compile_ok: bool,
+    expected_samples: int | None,
+    exit_status: int | None = 0,
+    tag: str | None = None,
 ) -> tuple[str, str, int | None, int | None]:
-    """Applies the analyzer's rules to a compile + simulation log.
+    """Applies the analyzer's rules, then ours, to a compile + simulation log.
 
     Args:
         log: the combined log (compile output, simulation output, and "TIMEOUT" if killed).
         compile_ok: iverilog exited with status 0.
         expected_samples: the reference's N; None accepts any N > 0 (the reference run itself).
+        exit_status: the simulator's exit status (negative: killed by that signal; None: it
+            did not exit by itself, a timeout).
+        tag: the tag the testbench's copy prints on its verdict line; lines without it were
+            printed by the design. None: the testbench is untagged, every verdict line counts.
 
     Returns:
         (status letter, reason, mismatches, samples).
     """
-    error_line = bind_error = False
+    early = compile_status(log, compile_ok=compile_ok)
+    if early is not None:
+        return early[0], early[1], None, None
     verdicts: list[tuple[int, int]] = []
+    forged: list[tuple[int, int]] = []
     for line in log.splitlines():
-        for needle, status in _ANALYZER_RULES:
-            if needle in line:
-                return status, f"{STATUS_MEANINGS[status]}: {line.strip()[:200]}", None, None
-        if "error" in line:
-            error_line = True
-        if "Unable to bind wire/reg" in line:
-            bind_error = True
         match = _MISMATCH_RE.match(line.rstrip("\r"))
         if match:
-            verdicts.append((int(match.group(1)), int(match.group(2))))
-    if bind_error:
-        return "p", STATUS_MEANINGS["p"], None, None
-    if error_line or not compile_ok:
-        first = next((ln.strip() for ln in log.splitlines() if "error" in ln.lower()), "")
-        return "C", f"compile error: {first[:200]}".rstrip(": "), None, None
+            counts = (int(match.group(1)), int(match.group(2)))
+            own = tag is None or match.group(3) == f" [testbench {tag}]"
+            (verdicts if own else forged).append(counts)
+    passing = any(m == 0 for m, _ in verdicts + forged)
+    after = " after a passing verdict line" if passing else ""
+    if exit_status is not None and exit_status < 0:
+        name = signal.Signals(-exit_status).name if -exit_status in signal.valid_signals() else ""
+        return "A", f"the simulator was killed by signal {-exit_status} {name}{after}", None, None
+    if exit_status:
+        return (
+            "A",
+            f"the simulator exited with status {exit_status}{after}: {_abort_detail(log)}",
+            None,
+            None,
+        )
+    if tag is not None and not verdicts:
+        return (
+            "A",
+            "the testbench never printed its verdict: the simulation ended before the "
+            "testbench's final block (a $finish or $stop in a final block of the design?)"
+            + (f"; {len(forged)} verdict line(s) came from the design" if forged else ""),
+            None,
+            None,
+        )
+    if forged:
+        return "R", f"the design printed {len(forged)} verdict line(s) of its own", None, None
     if len(verdicts) != 1:
         return (
             "R",
@@ -321,6 +414,15 @@ def _verdict(
     )
 
 
+def _tagged_testbench(source: str) -> tuple[str, str | None]:
+    """The testbench with a fresh random tag on its verdict line, and the tag (None, and the
+    source unchanged, when it does not print VERDICT_FORMAT exactly once)."""
+    if source.count(VERDICT_FORMAT) != 1:
+        return source, None
+    tag = secrets.token_hex(8)
+    return source.replace(VERDICT_FORMAT, f'{VERDICT_FORMAT[:-1]} [testbench {tag}]"'), tag
+
+
 def _simulate(
     code: str,
     test_path: str,
@@ -329,14 +431,40 @@ def _simulate(
     expected: int | None,
     limits: Limits,
     work_root: str | None,
+    official_code: str | None = None,
 ) -> Verdict:
     started = time.monotonic()
     workdir = tempfile.mkdtemp(prefix="sample-", dir=work_root)
+    tag: str | None = None
+
+    def done(status: str, reason: str, log: str, *counts: int | None) -> Verdict:
+        if tag is not None:  # the tag stays secret and the log reads like the official one
+            log = log.replace(f" [testbench {tag}]", "")
+        return _verdict(status, reason, started, expected, log, *counts)
+
     try:
-        with open(os.path.join(workdir, "sample.sv"), "w", encoding="utf-8") as handle:
-            handle.write(code)
-        shutil.copyfile(test_path, os.path.join(workdir, "test.sv"))
+        with open(test_path, encoding="utf-8") as handle:
+            testbench, tag = _tagged_testbench(handle.read())
+        for name, text in (("sample.sv", code), ("test.sv", testbench)):
+            with open(os.path.join(workdir, name), "w", encoding="utf-8") as handle:
+                handle.write(text)
         shutil.copyfile(ref_path, os.path.join(workdir, "ref.sv"))
+        if official_code is not None and official_code != code:
+            # What the official flow compiles, dropped modules included: parsed, never run.
+            with open(os.path.join(workdir, "official.sv"), "w", encoding="utf-8") as handle:
+                handle.write(official_code)
+            checked = _run(
+                ["iverilog", *IVERILOG_FLAGS, "-t", "null", "official.sv", "test.sv", "ref.sv"],
+                workdir,
+                limits,
+            )
+            prefix = "the answer's code as the official flow compiles it (dropped modules too): "
+            if checked.timed_out or checked.overflowed:
+                status = "T" if checked.timed_out else "O"
+                return done(status, prefix + STATUS_MEANINGS[status], checked.text)
+            failed = compile_status(checked.text, compile_ok=checked.returncode == 0)
+            if failed is not None:
+                return done(failed[0], prefix + failed[1], checked.text)
         compiled = _run(
             ["iverilog", *IVERILOG_FLAGS, "-o", "sim", "sample.sv", "test.sv", "ref.sv"],
             workdir,
@@ -344,27 +472,23 @@ def _simulate(
         )
         log = compiled.text
         if compiled.timed_out:
-            return _verdict("T", "compilation ran past the timeout", started, expected, log)
+            return done("T", "compilation ran past the timeout", log)
         if compiled.overflowed:
-            return _verdict("O", "compiler output over the cap", started, expected, log)
+            return done("O", "compiler output over the cap", log)
         compile_ok = compiled.returncode == 0 and os.path.exists(os.path.join(workdir, "sim"))
+        exit_status: int | None = None
         if compile_ok:
             simulated = _run(["vvp", "-n", "sim"], workdir, limits)
             log += simulated.text
             if simulated.overflowed:
-                return _verdict(
-                    "O",
-                    f"simulation output over {limits.output_bytes} bytes",
-                    started,
-                    expected,
-                    log,
-                )
+                return done("O", f"simulation output over {limits.output_bytes} bytes", log)
             if simulated.timed_out:
                 log += "\nTIMEOUT\n"
+            exit_status = simulated.returncode
         status, reason, mismatches, samples = classify(
-            log, compile_ok=compile_ok, expected_samples=expected
+            log, compile_ok=compile_ok, expected_samples=expected, exit_status=exit_status, tag=tag
         )
-        return _verdict(status, reason, started, expected, log, mismatches, samples)
+        return done(status, reason, log, mismatches, samples)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -376,15 +500,18 @@ def judge_sample(
     expected_samples: int | None,
     limits: Limits = Limits(),
     work_root: str | None = None,
+    official_code: str | None = None,
 ) -> Verdict:
     """Compiles and simulates one extracted sample against the problem's testbench.
 
     Args:
-        code: the extracted Verilog (see extract.extract_code).
+        code: the design to run (extract.Extraction.code).
         problem: the problem (its test and ref files are copied next to the sample).
         expected_samples: the reference's N (see reference_run); None accepts any N > 0.
         limits: time, output, file and memory limits.
         work_root: parent of the per-sample temporary directory (the system default if None).
+        official_code: the answer's code as the official flow compiles it
+            (extract.Extraction.official_code); when it differs from code it must compile too.
 
     Returns:
         The verdict; hostile or broken code yields a failing verdict, never an exception.
@@ -392,7 +519,7 @@ def judge_sample(
     started = time.monotonic()
     if not code.strip():
         return _verdict("X", STATUS_MEANINGS["X"], started, expected_samples)
-    forbidden = _FORBIDDEN_RE.search(code)
+    forbidden = _FORBIDDEN_RE.search(code) or _INCLUDE_RE.search(official_code or "")
     if forbidden:
         return _verdict(
             "F", f"refused before compiling: uses {forbidden.group(0)}", started, expected_samples
@@ -404,6 +531,7 @@ def judge_sample(
         expected=expected_samples,
         limits=limits,
         work_root=work_root,
+        official_code=official_code,
     )
 
 
@@ -434,7 +562,7 @@ def reference_run(
 
 def judge_all(
     items: Sequence[problems.Problem],
-    codes: Mapping[str, Sequence[str | None]],
+    codes: Mapping[str, Sequence[extract.Extraction | str | None]],
     *,
     limits: Limits = Limits(),
     workers: int | None = None,
@@ -444,8 +572,8 @@ def judge_all(
 
     Args:
         items: the problems.
-        codes: problem name -> extracted code per sample; None marks a sample whose request
-            failed (status `E`).
+        codes: problem name -> per sample, its extraction (or just the code to run); None
+            marks a sample whose request failed (status `E`).
         limits: per-step limits.
         workers: parallel simulations (os.cpu_count() if None).
         on_done: called as (problem name, sample index, verdict) after each sample.
@@ -479,13 +607,19 @@ def judge_all(
                             f"the reference solution fails: {reference.verdict.reason}",
                         )
                     else:
+                        extraction = (
+                            code
+                            if isinstance(code, extract.Extraction)
+                            else extract.Extraction(code, "given", (), code)
+                        )
                         future = pool.submit(
                             judge_sample,
-                            code,
+                            extraction.code,
                             p,
                             expected_samples=reference.samples,
                             limits=limits,
                             work_root=work_root,
+                            official_code=extraction.official_code,
                         )
                         futures[future] = (p.name, index)
             for future in concurrent.futures.as_completed(futures):

@@ -15,17 +15,21 @@ from workloads import errors, runconfig, storage
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
+        type=storage.absolute,
         help="run config (local or gs://): base = model.base, checkpoint = the run's "
         "checkpoints, out/step/shard size = the merge section; a re-run after a finished merge "
         "of the same step does nothing (this is how the VM's merge unit calls it)",
     )
-    parser.add_argument("--base", help="base model directory (local or gs://)")
+    parser.add_argument(
+        "--base", type=storage.absolute, help="base model directory (local or gs://)"
+    )
     parser.add_argument(
         "--checkpoint",
+        type=storage.absolute,
         help="the run's checkpoints/ directory (or the run directory above it)",
     )
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
-    parser.add_argument("--out", help="output directory (local or gs://)")
+    parser.add_argument("--out", type=storage.absolute, help="output directory (local or gs://)")
     parser.add_argument(
         "--shard-size", default=None, help="largest output file, e.g. 5GB or 512MiB (default 5GB)"
     )

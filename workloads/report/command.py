@@ -2,9 +2,9 @@
 
 Reads train_summary.json (training wall time and tokens/s; totals over all segments of a
 resumed run), the bench summary.json (output tokens/s per shape and request rate) and the eval
-summary.json (pass@k), given as paths or found through a run config, and writes report.md,
-report.json and four PNGs into --out (local or gs://). A figure whose inputs are missing is
-written as "not measured", never estimated.
+summary.json (pass@k, and how many samples failed in which way), given as paths or found
+through a run config, and writes report.md, report.json and four PNGs into --out (local or
+gs://). A figure whose inputs are missing is written as "not measured", never estimated.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from workloads import catalog, errors, runconfig, storage
+from workloads.evaluation import judge
 from workloads.report import costs
 
 MISSING = "not measured"
@@ -25,14 +26,23 @@ NOT_REPORTED = "not reported"  # a figure the paper does not give
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
+        type=storage.absolute,
         help="run config (local or gs://): finds the three summaries "
         "in train.output_dir, bench.results_dir and eval.results_dir",
     )
-    parser.add_argument("--train-summary", help="train_summary.json (local or gs://)")
-    parser.add_argument("--bench-summary", help="bench summary.json (local or gs://)")
-    parser.add_argument("--eval-summary", help="eval summary.json (local or gs://)")
     parser.add_argument(
-        "--out", help="report directory (default with --config: <train.output_dir>/report)"
+        "--train-summary", type=storage.absolute, help="train_summary.json (local or gs://)"
+    )
+    parser.add_argument(
+        "--bench-summary", type=storage.absolute, help="bench summary.json (local or gs://)"
+    )
+    parser.add_argument(
+        "--eval-summary", type=storage.absolute, help="eval summary.json (local or gs://)"
+    )
+    parser.add_argument(
+        "--out",
+        type=storage.absolute,
+        help="report directory (default with --config: <train.output_dir>/report)",
     )
     parser.add_argument(
         "--train-accelerator",
@@ -169,6 +179,7 @@ def main(args: argparse.Namespace) -> int:
         "quality": {
             "this run": pass_at,
             "paper TPU": {"1": catalog.PAPER.pass_at_1, "5": catalog.PAPER.pass_at_5},
+            "outcomes": _outcome_counts(eval_summary),
         },
         "eval": eval_summary,
         "notes": notes,
@@ -295,12 +306,52 @@ def render_markdown(
             f"model `{eval_summary.get('model')}`."
         )
         lines.append("")
-    lines += ["| metric | this run | paper |", "|---|---|---|"]
+    lines += ["| metric | this run | paper (TPU-trained) |", "|---|---|---|"]
     for k in sorted(set(paper) | set(pass_at), key=int):
         ours = pass_at.get(k)
         lines.append(
             f"| pass@{k} | {_num(ours, '{:.3f}')} | "
             f"{_num(paper.get(k), '{:.3f}') if k in paper else 'n/a'} |"
         )
-    lines += ["", "![pass@k](quality.png)", ""]
+    lines += ["", *_outcome_lines(eval_summary), "", "![pass@k](quality.png)", ""]
     return "\n".join(lines)
+
+
+def _outcome_counts(eval_summary: dict[str, Any] | None) -> dict[str, int] | None:
+    counts = (eval_summary or {}).get("status_counts")
+    return judge.group_counts(counts) if isinstance(counts, dict) else None
+
+
+def _outcome_lines(eval_summary: dict[str, Any] | None) -> list[str]:
+    """How the judged samples ended (the eval's status counts, grouped), so that a reader sees
+    why the scores are what they are."""
+    groups = _outcome_counts(eval_summary)
+    if groups is None:
+        return [f"How the samples ended: {MISSING}."]
+    counts: dict[str, int] = (eval_summary or {})["status_counts"]
+    lines = [
+        f"How the {sum(groups.values())} samples ended (iverilog verdicts; status letters as in "
+        "the eval's summary.md):",
+        "",
+        "| outcome | samples | by status |",
+        "|---|---|---|",
+    ]
+    for outcome, total in groups.items():
+        letters = judge.STATUS_GROUPS.get(outcome)
+        detail = ", ".join(
+            f"`{s}` {judge.STATUS_MEANINGS.get(s, '?')}: {n}"
+            for s, n in sorted(counts.items())
+            if (s in letters if letters is not None else s not in judge.STATUS_MEANINGS)
+        )
+        lines.append(f"| {outcome} | {total} | {detail} |")
+    truncated = (eval_summary or {}).get("truncated_samples")
+    if truncated:
+        lines += ["", f"Answers cut off by the token limit: {truncated}."]
+    broken = (eval_summary or {}).get("reference_failures")
+    if broken:
+        lines += [
+            "",
+            f"The reference solution itself fails on {len(broken)} problems "
+            f"({', '.join(broken)}); their samples count as failures.",
+        ]
+    return lines

@@ -1,4 +1,4 @@
-"""The cost model (pure functions over the catalog's hourly rates; FACTS.md "Cost model").
+"""The cost model: pure functions over the catalog's hourly rates (workloads/catalog.py).
 
     train_cost      = hourly rate x training wall hours
     $/1M tokens     = hourly rate / (tokens per second x 3600 / 1e6)

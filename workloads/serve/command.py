@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator
 from typing import TextIO
 
-from workloads import errors, runconfig
+from workloads import errors, runconfig, storage
 from workloads.serve import argv as argv_lib
 from workloads.serve import compile_cache, readiness, staging
 
@@ -45,7 +45,12 @@ def _log(message: str) -> None:
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, help="run config (YAML/JSON, local or gs://)")
+    parser.add_argument(
+        "--config",
+        required=True,
+        type=storage.absolute,
+        help="run config (YAML/JSON, local or gs://)",
+    )
     parser.add_argument(
         "--dry-run",
         action="store_true",

@@ -10,11 +10,16 @@ from __future__ import annotations
 import argparse
 import os
 
-from workloads import runconfig
+from workloads import runconfig, storage
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, help="run config, YAML or JSON (local or gs://)")
+    parser.add_argument(
+        "--config",
+        required=True,
+        type=storage.absolute,
+        help="run config, YAML or JSON (local or gs://)",
+    )
 
 
 def _init_distributed() -> None:
