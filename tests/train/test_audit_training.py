@@ -283,7 +283,9 @@ def test_tensorboard_gets_loss_lr_grad_norm_tokens_per_s_mfu_and_device_memory(t
         "learning_rate": 1e-4,
         "grad_norm": 0.75,
         "tokens_per_s": 763.0,
+        "computed_tokens_per_s": 2540.0,
         "mfu": 0.08,
+        "mfu_computed": 0.266,
         "device_memory_bytes": 2**30,
         "peak_device_memory_bytes": 2**31,
         "host_rss_bytes": 2**32,
@@ -293,11 +295,12 @@ def test_tensorboard_gets_loss_lr_grad_norm_tokens_per_s_mfu_and_device_memory(t
     log.log(record)
     log.close()
     tags = tensorboard_tags(tmp_path / "run" / "tensorboard")
-    for key in ("loss", "learning_rate", "grad_norm", "tokens_per_s", "mfu",
-                "device_memory_bytes", "peak_device_memory_bytes"):  # fmt: skip
+    for key in ("loss", "learning_rate", "grad_norm", "tokens_per_s", "computed_tokens_per_s",
+                "mfu", "mfu_computed", "device_memory_bytes", "peak_device_memory_bytes"):  # fmt: skip
         assert tags[f"train/{key}"] == pytest.approx(record[key], rel=1e-6), key
     line = capsys.readouterr().out.strip()
-    assert "\r" not in line and "mfu 8.0%" in line and "mem 1.0GiB" in line
+    assert "\r" not in line and "mfu 8.0% real / 26.6% computed" in line
+    assert "763 real tok/s (2540 computed)" in line and "mem 1.0GiB" in line
 
 
 def test_checkpoints_every_n_steps_keep_the_last_k(tmp_path):

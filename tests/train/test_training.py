@@ -39,7 +39,16 @@ def test_loss_decreases_and_outputs_are_written(reference_run):
     run = pathlib.Path(reference_run.checkpoint_dir).parent
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == list(range(1, STEPS + 1))
-    for key in ("loss", "learning_rate", "grad_norm", "tokens_per_s", "mfu", "device_memory_bytes"):
+    for key in (
+        "loss",
+        "learning_rate",
+        "grad_norm",
+        "tokens_per_s",
+        "computed_tokens_per_s",
+        "mfu",
+        "mfu_computed",
+        "device_memory_bytes",
+    ):
         assert key in lines[0]
     assert lines[0]["mfu"] is None  # no catalog peak for a CPU
     assert lines[0]["learning_rate"] == 0.0  # 1 warm-up step, then the peak

@@ -88,9 +88,14 @@ def _fmt_bytes(n: int | None) -> str:
     return f"{size:.1f}TiB"
 
 
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
 def format_line(record: dict[str, Any], total_steps: int) -> str:
     """The stdout line of one step."""
     mfu = record.get("mfu")
+    mfu_computed = record.get("mfu_computed")
     mem = record.get("device_memory_bytes")
     mem_text = (
         _fmt_bytes(mem) if mem is not None else f"rss {_fmt_bytes(record.get('host_rss_bytes'))}"
@@ -100,8 +105,9 @@ def format_line(record: dict[str, Any], total_steps: int) -> str:
         f"  loss {record['loss']:.4f}"
         f"  lr {record['learning_rate']:.2e}"
         f"  grad_norm {record['grad_norm']:.3f}"
-        f"  {record['tokens_per_s']:.0f} tok/s"
-        f"  mfu {'-' if mfu is None else f'{100 * mfu:.1f}%'}"
+        f"  {record['tokens_per_s']:.0f} real tok/s"
+        f" ({record.get('computed_tokens_per_s', 0.0):.0f} computed)"
+        f"  mfu {_pct(mfu)} real / {_pct(mfu_computed)} computed"
         f"  mem {mem_text}"
         f"  {record['step_seconds']:.2f} s/step"
     )
@@ -365,6 +371,7 @@ def combine_segments(
         "real_tokens": real,
         "computed_tokens": computed,
         "tokens_per_second": real / wall if wall > 0 else 0.0,
+        "computed_tokens_per_second": computed / wall if wall > 0 else 0.0,
         "compile_seconds": sum(compiles) if compiles else None,
         "segments": len(ordered),
         "steps_run": sum(int(s["steps"]) for s in ordered),
