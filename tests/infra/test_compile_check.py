@@ -65,9 +65,15 @@ def test_linear_extrapolation_and_holdout_residual(tmp_path):
     assert est.step_seconds == pytest.approx(0.61)
     assert est.flops == pytest.approx(1e12 + 3e12 * 60)
     assert est.holdout_residual == pytest.approx(0.0, abs=1e-9)
-    # 1 x 3072 tokens per micro-step (prod), padded rows: 29.9% of them are real.
-    assert est.computed_tokens_per_s == pytest.approx(3072 / 0.61)
-    assert est.real_tokens_per_s == pytest.approx(3072 / 0.61 * 0.299)
+    # 1 x 3072 tokens per micro-step; packed rows (prod) are 99.4% real, padded ones 29.9%.
+    rows = cfg.training.micro_batch
+    assert est.computed_tokens_per_s == pytest.approx(rows * 3072 / 0.61)
+    assert est.real_tokens_per_s == pytest.approx(rows * 3072 / 0.61 * 0.994)
+    padded_cfg = config.parse_stack_config(
+        {**pulumi_mocks.stack_file_config("prod"), "data": {"packing": False}}, validate=False
+    )
+    padded = compile_check.estimate("prod", padded_cfg, est.depths)
+    assert padded.real_tokens_per_s == pytest.approx(rows * 3072 / 0.61 * 0.299)
     spec = catalog.model("gemma-4-31b")
     assert est.mfu == pytest.approx(
         6 * spec.text_parameters() * est.real_tokens_per_s / (4 * 459e12)

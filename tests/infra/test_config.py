@@ -30,13 +30,20 @@ def test_dev_is_a_cheap_smoke_run():
     assert cfg.shared_bucket
 
 
-def test_prod_is_the_papers_run():
-    cfg = config.parse_stack_config(config.read_stack_file(pulumi_mocks.ROOT / "Pulumi.prod.yaml"))
-    assert cfg.training.max_steps == 1244 and cfg.training.epochs == 1
-    assert cfg.data.max_rows == 10_000 and cfg.data.max_seq_len == 3072 and not cfg.data.packing
+def test_prod_is_the_papers_fine_tune_packed_and_the_papers_run_is_one_key_away():
+    mapping = config.read_stack_file(pulumi_mocks.ROOT / "Pulumi.prod.yaml")
+    cfg = config.parse_stack_config(mapping)
+    # One epoch over the paper's rows, packed; 8 rows per optimizer step.
+    assert cfg.training.max_steps is None and cfg.training.epochs == 1
+    assert cfg.data.max_rows == 10_000 and cfg.data.max_seq_len == 3072 and cfg.data.packing
+    assert cfg.training.micro_batch * cfg.training.grad_accum == 8
+    # data.packing false: one sample per row, 8 samples per step, one epoch = the paper's 1,244
+    # steps over its 9,959 kept rows; nothing else differs.
+    paper = config.parse_stack_config({**mapping, "data": {**mapping["data"], "packing": False}})
+    assert not paper.data.packing
+    assert paper.training == cfg.training and paper.lora == cfg.lora
+    assert 9_959 // (paper.training.micro_batch * paper.training.grad_accum) == 1244
     assert (cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout) == (64, 64.0, 0.05)
-    assert (cfg.training.mesh.fsdp, cfg.training.mesh.tp) == (1, 4)
-    assert (cfg.training.micro_batch, cfg.training.grad_accum) == (1, 8)
     assert cfg.training.learning_rate == 1e-4 and cfg.training.warmup_steps == 100
     assert cfg.serving.enabled and cfg.serving.accelerator == "v6e-8"
     assert cfg.serving.zone == "asia-northeast1-b" and cfg.serving.zone_fallbacks

@@ -14,36 +14,36 @@ def _render(stack):
     return cfg, runconfig_render.render_run_config(cfg)
 
 
-def test_prod_run_config_is_the_papers_recipe():
+def test_prod_run_config_is_the_papers_recipe_packed():
     cfg, rc = _render("prod")
     train_bucket = f"gs://{cfg.training_bucket_name}"
     serve_bucket = f"gs://{cfg.serving_bucket_name}"
-    assert rc.run_name == "codev-r1-paper"
+    assert rc.run_name == "codev-r1"
     assert rc.model.base == f"{train_bucket}/models/gemma-4-31b"
     assert rc.model.stage_dir.startswith("/dev/shm/")
     assert rc.data.dataset == f"{train_bucket}/data/codev-r1.jsonl"
-    assert (rc.data.max_rows, rc.data.max_seq_len, rc.data.packing) == (10_000, 3072, False)
+    assert (rc.data.max_rows, rc.data.max_seq_len, rc.data.packing) == (10_000, 3072, True)
     assert (rc.lora.rank, rc.lora.alpha, rc.lora.dropout) == (64, 64.0, 0.05)
     t = rc.train
-    assert t.output_dir == f"{train_bucket}/checkpoints/codev-r1-paper"
-    assert t.checkpoint_dir == f"{train_bucket}/checkpoints/codev-r1-paper/checkpoints"
-    assert (t.max_steps, t.micro_batch, t.grad_accum, t.save_every, t.keep_checkpoints) == (
-        1244,
-        1,
-        8,
-        100,
-        3,
+    assert t.output_dir == f"{train_bucket}/checkpoints/codev-r1"
+    assert t.checkpoint_dir == f"{train_bucket}/checkpoints/codev-r1/checkpoints"
+    assert (t.max_steps, t.epochs, t.save_every, t.keep_checkpoints) == (None, 1, 100, 3)
+    assert (t.micro_batch, t.grad_accum, t.mesh.fsdp, t.mesh.tp, t.remat) == (
+        cfg.training.micro_batch,
+        cfg.training.grad_accum,
+        cfg.training.mesh.fsdp,
+        cfg.training.mesh.tp,
+        cfg.training.remat,
     )
-    assert (t.mesh.fsdp, t.mesh.tp) == (1, 4)
     assert t.compile_cache_dir == f"{train_bucket}/compile-cache/jax"
     # The merged model goes to the serving VM's in-region bucket; serving reads it from there.
-    assert rc.merge.out == f"{serve_bucket}/merged/codev-r1-paper"
+    assert rc.merge.out == f"{serve_bucket}/merged/codev-r1"
     assert rc.serve.model_dir == rc.merge.out
     assert rc.serve.compile_cache_gcs == f"{serve_bucket}/compile-cache/vllm"
     assert (rc.serve.tensor_parallel_size, rc.serve.max_model_len) == (8, 16384)
     assert rc.eval.problems_dir == "/opt/verilog-eval/dataset_spec-to-rtl"
-    assert rc.eval.results_dir == f"{serve_bucket}/eval/codev-r1-paper"
-    assert rc.bench.results_dir == f"{serve_bucket}/bench/codev-r1-paper"
+    assert rc.eval.results_dir == f"{serve_bucket}/eval/codev-r1"
+    assert rc.bench.results_dir == f"{serve_bucket}/bench/codev-r1"
 
 
 def test_dev_run_config_has_no_serving_sections():

@@ -125,7 +125,7 @@ worker_number() {
 }
 
 readonly VLLM_IMAGE=vllm/vllm-tpu:v0.11.1
-readonly MERGED_URI=gs://your-gcp-project-gemma4-prod-asia-northeast1/merged/codev-r1-paper
+readonly MERGED_URI=gs://your-gcp-project-gemma4-prod-asia-northeast1/merged/codev-r1
 readonly MERGED_DIR=/dev/shm/models/merged
 readonly VLLM_CACHE_DIR=/dev/shm/vllm-xla-cache
 readonly VLLM_CACHE_URI=gs://your-gcp-project-gemma4-prod-asia-northeast1/compile-cache/vllm

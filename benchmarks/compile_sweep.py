@@ -1,0 +1,109 @@
+"""Compares training-step settings of the prod stack with the deviceless compile check.
+
+    .venv/bin/python benchmarks/compile_sweep.py [--depths 6,12] [--stack prod]
+
+For each mesh (fsdp x tp) and micro-batch, the prod stack's 31B LoRA step is compiled for a v5p-8
+with libtpu's compile-only client at reduced depths and extrapolated to 60 layers
+(infra/compile_check.py). Prints a Markdown table: per-chip peak HBM, XLA's estimated time per
+micro-step, and the real tokens/s and MFU it implies for padded rows (the paper's layout) and for
+packed rows. Everything is XLA's cost-model estimate, not a TPU measurement. Results are cached
+in .compile-check/, so a second run prints at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from infra import compile_check, config
+from workloads import catalog
+
+# (fsdp, tp, micro-batch, remat): the meshes that multiply to the v5p-8's 4 devices at micro-batch
+# 1 and 2 (a micro-batch must split over fsdp), 4 where only it splits, and the remat policies.
+SETTINGS = (
+    (1, 4, 1, "full"),
+    (1, 4, 1, "dots"),
+    (1, 4, 1, "none"),
+    (1, 4, 2, "full"),
+    (1, 4, 2, "dots"),
+    (2, 2, 1, "full"),
+    (2, 2, 2, "full"),
+    (2, 2, 2, "dots"),
+    (4, 1, 1, "full"),
+    (4, 1, 2, "full"),
+    (4, 1, 4, "full"),
+)
+
+
+def stack_config(
+    stack: str, fsdp: int, tp: int, micro_batch: int, remat: str
+) -> config.StackConfig:
+    mapping = copy.deepcopy(config.read_stack_file(compile_check.ROOT / f"Pulumi.{stack}.yaml"))
+    mapping["training"] = {
+        **mapping["training"],
+        "mesh": {"fsdp": fsdp, "tp": tp},
+        "microBatch": micro_batch,
+        "remat": remat,
+    }
+    return config.parse_stack_config(mapping, validate=False)
+
+
+def row(
+    stack: str, fsdp: int, tp: int, micro_batch: int, remat: str, depths: tuple[int, ...]
+) -> str:
+    head = f"| {fsdp} | {tp} | {micro_batch} | {remat} |"
+    if micro_batch % fsdp:
+        return f"{head} n/a: {micro_batch} row(s) cannot split over fsdp={fsdp} | | | | |"
+    cfg = stack_config(stack, fsdp, tp, micro_batch, remat)
+    est = compile_check.check(
+        stack,
+        cfg,
+        compile_fn=compile_check.compile_depth(cfg),
+        depths=depths,
+        log=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    if est is None or not est.fits:
+        why = compile_check.verdict_line(est) if est else "nothing compiled"
+        return f"{head} does not fit: {why} | | | | |"
+    padded = est.real_tokens_per_s
+    packed = est.computed_tokens_per_s * compile_check.REAL_FRACTION[True]
+    scale = 6 * est.base_parameters / (est.chips * est.peak_flops_per_chip)
+    return (
+        f"{head} {est.peak_bytes / 2**30:.1f} GiB ({est.headroom:.0%} free) | "
+        f"{est.step_seconds:.3f} s | {est.computed_tokens_per_s:,.0f} | "
+        f"{padded:,.0f} ({padded * scale:.1%}) | {packed:,.0f} ({packed * scale:.1%}) |"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stack", default="prod")
+    parser.add_argument("--depths", default="6,12", help="layer counts to compile (default 6,12)")
+    parser.add_argument(
+        "--only", default=None, help="comma-separated 1-based rows of SETTINGS to run (default all)"
+    )
+    args = parser.parse_args()
+    depths = tuple(int(d) for d in args.depths.split(","))
+    chosen = [SETTINGS[int(i) - 1] for i in args.only.split(",")] if args.only else list(SETTINGS)
+    print(
+        f"stack {args.stack}, v5p-8, depths {depths} extrapolated to 60 layers; XLA estimates "
+        f"(paper, measured: {catalog.PAPER.train_tokens_per_s_tpu:,.0f} real tokens/s)\n"
+    )
+    print(
+        "| fsdp | tp | micro-batch | remat | peak HBM per chip | est. s per micro-step | "
+        "est. computed tok/s | est. real tok/s (MFU), padded | est. real tok/s (MFU), packed |"
+    )
+    print("|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+    for setting in chosen:
+        print(row(args.stack, *setting, depths), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
