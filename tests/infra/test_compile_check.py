@@ -121,6 +121,15 @@ def test_the_source_of_the_step_is_part_of_the_key(monkeypatch):
     assert compile_check.cache_key(settings) != before
 
 
+def test_comments_and_docstrings_do_not_change_the_key():
+    code = 'def f(x):\n    """Doc."""\n    return x + 1  # why\n'
+    other_words = 'def f(x):\n    """Other words."""\n    return x + 1\n'
+    assert compile_check._code_only(code) == compile_check._code_only(other_words)
+    assert compile_check._code_only(code) != compile_check._code_only(
+        "def f(x):\n    return x + 2\n"
+    )
+
+
 def test_a_damaged_cache_entry_is_compiled_again(tmp_path):
     cache = compile_check.ResultCache(tmp_path)
     compile_check.check("prod", _cfg(), compile_fn=FakeCompiler(), cache=cache)
