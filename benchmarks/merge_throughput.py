@@ -41,7 +41,7 @@ def peak_rss() -> int:
 
 
 def layer_shapes(spec, layer: int, glob: bool) -> dict[str, tuple[int, ...]]:
-    """HF tensors of one decoder layer of the real model (FACTS.md, HF layout)."""
+    """HF tensors of one decoder layer of the real model (workloads.catalog, HF layout)."""
     h = spec.global_head_dim if glob else spec.head_dim
     k = spec.num_global_kv_heads if glob else spec.num_kv_heads
     d, f, n = spec.embed_dim, spec.mlp_dim, spec.num_heads
@@ -70,7 +70,7 @@ def layer_shapes(spec, layer: int, glob: bool) -> dict[str, tuple[int, ...]]:
 
 
 def lora_shapes(spec, layer: int, glob: bool, rank: int) -> dict[str, tuple[int, ...]]:
-    """Qwix LoRA factor shapes of one layer (FACTS.md), keyed like nnx.state(LoRAParam)."""
+    """Qwix LoRA factor shapes of one layer, keyed like nnx.state(LoRAParam)."""
     h = spec.global_head_dim if glob else spec.head_dim
     k = spec.num_global_kv_heads if glob else spec.num_kv_heads
     d, f, n, r = spec.embed_dim, spec.mlp_dim, spec.num_heads, rank

@@ -1,7 +1,8 @@
 """How much of the computed tokens are real, with and without sequence packing.
 
 Sample lengths follow a lognormal fitted to CodeV-R1 as rendered for Gemma 4 (mean 922 tokens,
-99th percentile 2553, FACTS.md); samples longer than max_seq_len are dropped, as training does.
+99th percentile 2553, from the paper's dataset statistics); samples longer than max_seq_len
+are dropped, as training does.
 Rows are planned and filled by the same code training uses (workloads.data.packing).
 
     python benchmarks/packing_efficiency.py [--samples 10000] [--max-seq-len 3072] [--seed 0]

@@ -26,7 +26,7 @@ from infra.components import service_account as sa_mod
 from infra.components import tpu_vm as tpu_mod
 from workloads import catalog, runconfig
 
-COST_BASIS = "on-demand list price per hour (FACTS.md); spot/preemptible is billed less"
+COST_BASIS = "on-demand list price per hour (the paper's rates); spot/preemptible is billed less"
 
 
 @dataclasses.dataclass

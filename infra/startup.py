@@ -24,9 +24,9 @@ TMPDIR = "/dev/shm"
 HF_HOME = "/dev/shm/huggingface"
 LIBTPU_FIND_LINKS = "https://storage.googleapis.com/jax-releases/libtpu_releases.html"
 
-# The JAX-TPU / Tunix / Qwix stack that works together (FACTS.md), pinned exactly so that every
-# boot of every worker gets the same software. The `workloads` package itself is installed on top
-# by the deployment.
+# The JAX-TPU / Tunix / Qwix stack that works together (what CI installs), pinned exactly so
+# that every boot of every worker gets the same software. The `workloads` package itself is
+# installed on top by the deployment.
 TRAIN_REQUIREMENTS: tuple[str, ...] = (
     f"--find-links {LIBTPU_FIND_LINKS}",
     "jax[tpu]==0.10.2",

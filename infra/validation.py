@@ -1,4 +1,4 @@
-"""The rules a stack config must pass before any resource is declared (each from FACTS.md).
+"""The rules a stack config must pass before any resource is declared (each from a catalog fact).
 
 Every rule reads the catalog (workloads/catalog.py) and returns problem lines of the form
 `key: bad value: what is allowed`; `check` runs them all so that the user sees every problem at
@@ -173,7 +173,7 @@ def rule_slices(cfg: StackConfig) -> list[str]:
 
 
 def rule_bucket_regions(cfg: StackConfig) -> list[str]:
-    """A TPU VM reads its bucket in its own region (FACTS.md)."""
+    """A TPU VM reads its bucket in its own region (cross-region reads are slow and billed)."""
     problems = []
     if cfg.storage.location and cfg.storage.location.lower() != cfg.training_region:
         problems.append(

@@ -1,4 +1,8 @@
-"""The catalog of facts: accelerators, models and prices (one source of truth, see FACTS.md).
+"""The catalog of facts: accelerators, models and prices (one source of truth).
+
+The figures come from the paper this project reproduces ("Fine-Tuning and Serving Gemma 4 31B on
+Google Cloud TPU", arXiv 2605.25645), Cloud TPU's documentation and the model's own config.json;
+each says where it comes from next to it.
 
 Validation (infra/config.py), sizing and the cost report all read this module. It is pure
 Python with no third-party imports so that both the infra side and the workloads side use it.
@@ -274,7 +278,7 @@ MODELS: dict[str, ModelSpec] = {
 
 @dataclasses.dataclass(frozen=True)
 class PaperRun:
-    """The paper's measured figures, drawn next to ours in reports (FACTS.md)."""
+    """The paper's measured figures (arXiv 2605.25645), drawn next to ours in reports."""
 
     train_hours_tpu: float = 3.34
     train_hours_gpu: float = 5.39

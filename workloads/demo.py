@@ -111,7 +111,7 @@ def plot_loss(records: list[dict[str, Any]], out: pathlib.Path, *, resumed_at: i
     plt.close(fig)
 
 
-# The merged tiny model must reproduce the LoRA model's logits this closely (float32; FACTS.md:
+# The merged tiny model must reproduce the LoRA model's logits this closely (float32;
 # a wrong head order, swapped k/v or a missing transpose gives errors of order 1).
 MERGE_TOLERANCE = 1e-4
 

@@ -295,7 +295,7 @@ def _dots_remat_layer() -> type:
     policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
 
     class DotsRematDecoderLayer(gemma4_model.DecoderLayer):
-        def __call__(  # type: ignore[override]
+        def __call__(
             self,
             x: Any,
             segment_pos: Any,

@@ -1,10 +1,10 @@
 """`make-tiny-model`: a random Gemma 4 checkpoint in the real HF layout, small enough for a CPU.
 
-It has the structure of gemma-4-31B (FACTS.md) at toy size: 5 sliding-window layers then 1 global
-layer, k_eq_v on the global layers (one K projection, no v_proj), grouped KV heads (8 query heads,
-4 KV heads, 2 global KV heads), a larger global head size, and a sliding window of 16 tokens so
-test sequences cross it. Weights are `model.language_model.*` tensors split over a few
-safetensors shards with an index, as in the real checkpoint; config.json describes a
+It has the structure of gemma-4-31B (workloads.catalog) at toy size: 5 sliding-window layers
+then 1 global layer, k_eq_v on the global layers (one K projection, no v_proj), grouped KV heads
+(8 query heads, 4 KV heads, 2 global KV heads), a larger global head size, and a sliding window
+of 16 tokens so test sequences cross it. Weights are `model.language_model.*` tensors split over a
+few safetensors shards with an index, as in the real checkpoint; config.json describes a
 `Gemma4ForConditionalGeneration` that both tunix (via workloads.model) and HF transformers load.
 """
 
@@ -113,7 +113,7 @@ def hf_config(vocab_size: int, layers: int, dtype: str, ids: dict[str, Any]) -> 
         "sliding_window": SLIDING_WINDOW,
         "layer_types": _layer_types(layers),
         "rope_parameters": ROPE_PARAMETERS,
-        # HF's defaults differ from Gemma 4 31B for these two (FACTS.md).
+        # HF's defaults differ from Gemma 4 31B's config.json for these two.
         "final_logit_softcapping": 30.0,
         "hidden_size_per_layer_input": 0,
         "num_kv_shared_layers": 0,

@@ -1,4 +1,5 @@
-"""The catalog encodes FACTS.md; validation, sizing and the cost report depend on these numbers."""
+"""The catalog encodes the paper's and the platform's facts; validation, sizing and the cost
+report depend on these numbers."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""The Tunix -> HF delta mapping against FACTS.md's einsum formulas (pure numpy)."""
+"""The Tunix -> HF delta mapping against independently written einsum formulas (numpy)."""
 
 import numpy as np
 import pytest

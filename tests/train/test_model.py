@@ -10,7 +10,7 @@ from workloads import catalog, errors, tiny_model
 
 
 def gemma4_31b_hf_config() -> dict:
-    """The text_config facts of google/gemma-4-31B-it (FACTS.md, workloads.catalog)."""
+    """The text_config facts of google/gemma-4-31B-it (workloads.catalog)."""
     return tiny_model.catalog_hf_config(catalog.model("gemma-4-31b"))
 
 

@@ -10,7 +10,7 @@ strings), the totals (`duration`, `completed`, `failed`, `total_input_tokens`,
 q (default 99). Per-request lists (`input_lens`, `ttfts`, ...) are only there with
 --save-detailed. `--append-result` appends further objects on new lines: the last one counts.
 
-File layout (CONTRACTS.md): `<results_dir>/raw/<in>x<out>_r<rate>.json` per sweep point, and
+File layout: `<results_dir>/raw/<in>x<out>_r<rate>.json` per sweep point, and
 `summary.json` (a list of rows), `summary.csv`, `summary.md` next to `raw/`.
 """
 
@@ -28,7 +28,7 @@ from workloads import catalog, errors, runconfig, storage
 from workloads.serve.argv import format_rate
 
 RAW = "raw"
-# The row of summary.json (CONTRACTS.md), in column order.
+# The row of summary.json (read by the report), in column order.
 SUMMARY_KEYS = (
     "input_len",
     "output_len",

@@ -2,7 +2,8 @@
 
 A CodeV-R1 response is a DeepSeek-R1 distillation: `<think>...</think>`, then the answer, usually
 inside `<answer>...</answer>` with the Verilog in a fenced block. The recipe trains on the answer
-only, with the Verilog re-fenced as one ```verilog block (FACTS.md); `clean_response` does that.
+only, with the Verilog re-fenced as one ```verilog block (the paper's recipe);
+`clean_response` does that.
 """
 
 from __future__ import annotations

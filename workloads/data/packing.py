@@ -2,7 +2,7 @@
 
 Planning works on lengths only: `plan_packed` puts several samples per row by best-fit
 decreasing (deterministic; no sample is ever split or truncated), `plan_unpacked` one per row.
-`build_batch` turns planned rows into the arrays training consumes (see CONTRACTS.md):
+`build_batch` turns planned rows into the arrays training consumes:
 `segment_ids` number the samples of a row 1..k (0 = padding), `positions` restart at 0 for every
 sample, `loss_mask` is the sample's own mask. With a block-diagonal causal mask built from the
 segment ids, each sample sees only itself, so its per-token losses equal those of the sample

@@ -2,7 +2,7 @@
 
 Every delta in HF (out, in) layout factors as `left @ right` with `left` (out, r) and `right`
 (r, in), so a tensor's delta is produced block of rows by block of rows and never needs to exist
-in full (FACTS.md, "Merge math into HF layout"):
+in full (derived from the Qwix factor shapes and the HF weight layout):
 
 | tunix module: LoRA A, B           | HF tensor (out, in)   | left (out, r)      | right (r, in) |
 |-----------------------------------|-----------------------|--------------------|---------------|

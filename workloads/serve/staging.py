@@ -1,7 +1,7 @@
 """Merged weights onto the serving host: wait for the merge's completion marker, stage in
 parallel, verify every shard's sha256 against merge_metadata.json.
 
-The merge writes `model.safetensors.index.json` last (see CONTRACTS.md), and
+The merge writes `model.safetensors.index.json` last (workloads.merge.safetensors_io), and
 `merge_metadata.json` lists every shard with its sha256 and size. Staging copies what is not yet
 complete, checks each listed shard, re-downloads a bad one once, and fetches the two marker files
 last, so an interrupted staging never looks complete. A small stamp file in the destination

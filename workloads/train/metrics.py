@@ -192,7 +192,7 @@ class RunLog:
 
 
 def write_summary(output_dir: str, summary: dict[str, Any]) -> str:
-    """Writes train_summary.json (CONTRACTS.md) and returns its path."""
+    """Writes train_summary.json (read by the report and `infra.ops`) and returns its path."""
     path = runconfig.join(output_dir, SUMMARY_FILE)
     storage.write_text_atomic(path, json.dumps(summary, indent=2) + "\n")
     return path

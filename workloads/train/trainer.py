@@ -1,6 +1,7 @@
 """The LoRA fine-tune: tunix PeftTrainer on packed batches, resumable Orbax checkpoints.
 
-Data comes as fixed-shape packed rows (CONTRACTS.md: tokens, segment_ids, positions, loss_mask).
+Data comes as fixed-shape packed rows (workloads.data.packing: tokens, segment_ids, positions,
+loss_mask).
 Inside the jitted step the attention mask is built as causal AND same segment AND not padding,
 with positions restarting per sample, so a packed sample sees exactly what it would see alone
 (the model adds the sliding-window band itself). The loss is the mean next-token NLL over the
@@ -50,7 +51,7 @@ EXIT_PREEMPTED = 128 + signal.SIGTERM
 
 
 class PreparedData(Protocol):
-    """What workloads.data.pipeline.prepare returns (CONTRACTS.md); tests may pass their own."""
+    """What workloads.data.pipeline.prepare returns; tests may pass their own."""
 
     @property
     def stats(self) -> Any: ...
@@ -343,7 +344,7 @@ def _make_peft_trainer_class() -> type:
             """PeftTrainer's step functions, with the train step jitted by TrainableOnlyStep."""
             import functools
 
-            built = self._jitted_train_step_fn is not None
+            built: bool = getattr(self, "_jitted_train_step_fn", None) is not None
             train_step, eval_step = super().jit_train_and_eval_step(skip_jit, cache_nnx_graph)
             if skip_jit or built:
                 return train_step, eval_step
@@ -378,12 +379,12 @@ class TrainableOnlyStep:
         self.model = model
         self.optimizer = optimizer
         self.frozen = nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))
-        self.graphdef, _, _ = nnx.split((model, optimizer), self.frozen, ...)
+        self.graphdef: Any = nnx.split((model, optimizer), self.frozen, ...)[0]
 
         def pure(frozen: Any, trainable: Any, inputs: Any) -> tuple[Any, Any]:
             model, optimizer = nnx.merge(self.graphdef, frozen, trainable)
             out = step(model, optimizer, inputs)
-            _, _, changed = nnx.split((model, optimizer), self.frozen, ...)
+            changed = nnx.split((model, optimizer), self.frozen, ...)[-1]
             return out, changed
 
         self.jitted_fn = jax.jit(pure, donate_argnums=(1,))
@@ -391,8 +392,8 @@ class TrainableOnlyStep:
     def _states(self) -> tuple[Any, Any]:
         from flax import nnx
 
-        _, frozen, trainable = nnx.split((self.model, self.optimizer), self.frozen, ...)
-        return frozen, trainable
+        parts: tuple[Any, ...] = nnx.split((self.model, self.optimizer), self.frozen, ...)
+        return parts[1], parts[2]
 
     def lower(self, inputs: Any) -> Any:
         return self.jitted_fn.lower(*self._states(), inputs)
