@@ -308,6 +308,15 @@ def rule_serving_tp(cfg: StackConfig) -> list[str]:
     return problems
 
 
+def rule_serving_image(cfg: StackConfig) -> list[str]:
+    """The vLLM TPU image can load Gemma 4: official release tags at or above the catalog's floor,
+    nightlies from the day the model landed; digests and other repositories pass unchecked."""
+    if not cfg.serving.enabled:
+        return []
+    problem = catalog.vllm_tpu_image_problem(cfg.serving.image)
+    return [f"serving.image: {cfg.serving.image!r}: {problem}"] if problem else []
+
+
 # ---------------------------------------------------------------------------------------------
 # Memory: /dev/shm and HBM
 
@@ -532,6 +541,7 @@ RULES: tuple[Rule, ...] = (
     rule_lora,
     rule_merge,
     rule_serving_tp,
+    rule_serving_image,
     rule_memory,
     rule_network,
 )

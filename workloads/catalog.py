@@ -11,6 +11,7 @@ Python with no third-party imports so that both the infra side and the workloads
 from __future__ import annotations
 
 import dataclasses
+import re
 
 GIB = 1024**3
 GB = 1000**3
@@ -274,6 +275,69 @@ MODELS: dict[str, ModelSpec] = {
         weight_bytes=int(62.5 * GB),
     ),
 }
+
+
+# The vLLM TPU serving image. The official repository on Docker Hub tags its releases
+# `v<major>.<minor>.<patch>` and its nightly builds `nightly-<YYYYMMDD>-<tpu-inference commit>-<vLLM
+# commit>`; the JAX backend inside it (tpu-inference) decides which model types load.
+VLLM_TPU_REPOSITORY = "vllm/vllm-tpu"
+
+# The serving image unless `serving.image` says otherwise; the only place it is pinned. v0.21.0's
+# own release tests pass for gemma-4-31B-it on a v6e-8 at tensor parallelism 8 (this project's
+# serving setup), and it shards the K/V projections of the 4-head global layers over 8 chips
+# without an all-to-all per layer.
+VLLM_TPU_IMAGE = f"{VLLM_TPU_REPOSITORY}:v0.21.0"
+
+# The oldest release that can serve Gemma 4 (`model_type: gemma4`). tpu-inference gained the Gemma 4
+# model during its 0.19 cycle, but v0.19.0 was released with Gemma 4 taken out of its release tests
+# and without pinning the transformers >= 5.5 whose config class Gemma 4 needs; v0.20.0 is the first
+# release that pins such a transformers and whose release tests pass for Gemma 4 31B. v0.18.0 and
+# older have no Gemma 4 model at all. On any of them the serving unit would die at model load at
+# the end of a full `pulumi up`; validation refuses them up front instead.
+GEMMA4_MIN_VLLM_TPU_RELEASE = (0, 20, 0)
+
+# Nightlies are built from tpu-inference's main branch, which has had the Gemma 4 model since
+# 2026-04-03 (UTC): a nightly dated earlier than the next day cannot load it. Later nightlies are
+# accepted unchecked (no release tests vouch for them either way).
+GEMMA4_MIN_VLLM_TPU_NIGHTLY = "20260404"
+
+_RELEASE_TAG_RE = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:\D.*)?$")
+_NIGHTLY_TAG_RE = re.compile(r"^nightly-(\d{8})(?:-.*)?$")
+_DOCKER_HUB_PREFIXES = ("docker.io/", "index.docker.io/", "registry-1.docker.io/")
+
+
+def vllm_tpu_image_problem(image: str) -> str | None:
+    """Why `image` cannot serve Gemma 4, with what is allowed; None when it can or cannot be told.
+
+    Only tags of the official repository are judged: a release older than
+    GEMMA4_MIN_VLLM_TPU_RELEASE or a nightly dated before GEMMA4_MIN_VLLM_TPU_NIGHTLY. A digest
+    without a tag, other tags of that repository (e.g. `gemma4`) and images of any other
+    repository (your own build in your own registry) are accepted: their name says nothing.
+    """
+    reference = image.split("@", 1)[0]
+    name, _, tag = reference.rpartition(":")
+    if not name or "/" in tag:  # no tag (a registry port is no tag)
+        return None
+    for prefix in _DOCKER_HUB_PREFIXES:
+        name = name.removeprefix(prefix)
+    if name != VLLM_TPU_REPOSITORY:
+        return None
+    floor = ".".join(map(str, GEMMA4_MIN_VLLM_TPU_RELEASE))
+    allowed = (
+        f"it needs {VLLM_TPU_REPOSITORY}:v{floor} or a later release (default "
+        f"{VLLM_TPU_IMAGE}), a nightly tag dated {GEMMA4_MIN_VLLM_TPU_NIGHTLY} or later, or a "
+        "digest (...@sha256:...)"
+    )
+    release = _RELEASE_TAG_RE.match(tag)
+    if release:
+        version = tuple(int(part or 0) for part in release.groups()[:3])
+        if version < GEMMA4_MIN_VLLM_TPU_RELEASE:
+            return f"{tag} is too old for Gemma 4; {allowed}"
+        return None
+    nightly = _NIGHTLY_TAG_RE.match(tag)
+    if nightly and nightly.group(1) < GEMMA4_MIN_VLLM_TPU_NIGHTLY:
+        return f"{tag} is too old for Gemma 4; {allowed}"
+    return None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 import pydantic
 import yaml
 
-from workloads import errors, storage
+from workloads import catalog, errors, storage
 
 # The six modules the paper's recipe adapts; `k_einsum` (the global layers' K=V projection) is
 # an optional seventh.
@@ -256,7 +256,7 @@ class ServeSection(_Section):
     """vLLM serving of the merged model on a TPU v6e host."""
 
     image: str = pydantic.Field(
-        "vllm/vllm-tpu:v0.11.1", description="vLLM TPU container image (pinned tag or digest)."
+        catalog.VLLM_TPU_IMAGE, description="vLLM TPU container image (pinned tag or digest)."
     )
     model_dir: str = pydantic.Field(
         description="Merged model directory to serve (local or gs://), or a Hugging Face hub id "
@@ -322,8 +322,11 @@ class ServeSection(_Section):
         if "@sha256:" not in value and (":" not in name or name.endswith(":latest")):
             raise ValueError(
                 f"image {value!r} is not pinned: give a tag other than latest "
-                "(vllm/vllm-tpu:v0.11.1) or a digest (...@sha256:...)"
+                f"({catalog.VLLM_TPU_IMAGE}) or a digest (...@sha256:...)"
             )
+        problem = catalog.vllm_tpu_image_problem(value)
+        if problem:
+            raise ValueError(f"image {value!r}: {problem}")
         return value
 
 

@@ -17,6 +17,7 @@ from infra import config, startup
 from infra.components import bucket as bucket_mod
 from infra.components import service_account as sa_mod
 from tests.fixtures import pulumi_mocks
+from workloads import catalog
 
 TOKEN = "hf_TEST_SECRET_3f9a1c7e5b2d4068a1b2c3d4e5f60718"
 
@@ -315,6 +316,38 @@ def test_invalid_config_fails_before_any_resource():
     assert "serving.runtimeVersion: 'tpu-ubuntu2204-base': fails on v6e" in message
     assert "ssh.sourceRanges[0]: '0.0.0.0/0': open to the whole internet" in message
     assert recording.resources == []
+
+
+def test_a_serving_image_without_gemma4_fails_before_any_resource():
+    mapping = pulumi_mocks.stack_file_config("prod")
+    mapping["serving"] = {**mapping["serving"], "image": "vllm/vllm-tpu:v0.18.0"}
+    recording = pulumi_mocks.Recording()
+    with pytest.raises(pulumi.RunError) as info:
+        pulumi_mocks.run_program("prod", mapping, hf_token=TOKEN, recording=recording)
+    message = str(info.value)
+    assert "invalid (1 problem(s)); nothing was created" in message
+    line = next(x.strip() for x in message.splitlines() if "serving.image" in x)
+    assert line.startswith(
+        "serving.image: 'vllm/vllm-tpu:v0.18.0': v0.18.0 is too old for Gemma 4; it needs "
+        f"vllm/vllm-tpu:v0.20.0 or a later release (default {catalog.VLLM_TPU_IMAGE})"
+    )
+    assert "Traceback" not in message
+    assert recording.resources == []
+
+
+def test_a_digest_pinned_serving_image_reaches_the_run_config_and_the_default_is_the_catalogs():
+    assert config.parse_stack_config(pulumi_mocks.stack_file_config("prod")).serving.image == (
+        catalog.VLLM_TPU_IMAGE
+    )
+    digest = "vllm/vllm-tpu@sha256:" + "ab" * 32
+    mapping = pulumi_mocks.stack_file_config("prod")
+    mapping["serving"] = {**mapping["serving"], "image": digest}
+    rec = pulumi_mocks.run_program("prod", mapping, hf_token=TOKEN)
+    assert rec.program_result.run_config.serve.image == digest
+    assert (
+        f"readonly VLLM_IMAGE={digest}"
+        in rec.one(TPU, "serve-node").inputs["metadata"]["startup-script"]
+    )
 
 
 def test_without_token_no_secret_and_no_hub_download():

@@ -268,6 +268,29 @@ CASES = [
         True,
         "merge.shardSize: 'huge': a size such as 5GB or 512MiB",
     ),
+    (
+        "serving-image-before-gemma4",
+        PROD,
+        {"serving": {"image": "vllm/vllm-tpu:v0.18.0"}},
+        True,
+        "serving.image: 'vllm/vllm-tpu:v0.18.0': v0.18.0 is too old for Gemma 4; it needs "
+        "vllm/vllm-tpu:v0.20.0 or a later release",
+    ),
+    (
+        "serving-image-old-default",
+        PROD,
+        {"serving": {"image": "docker.io/vllm/vllm-tpu:v0.11.1"}},
+        True,
+        "serving.image: 'docker.io/vllm/vllm-tpu:v0.11.1': v0.11.1 is too old for Gemma 4",
+    ),
+    (
+        "serving-image-nightly-before-gemma4",
+        PROD,
+        {"serving": {"image": "vllm/vllm-tpu:nightly-20260316-e778980-57a314d"}},
+        True,
+        "serving.image: 'vllm/vllm-tpu:nightly-20260316-e778980-57a314d': nightly-20260316-e778980"
+        "-57a314d is too old for Gemma 4",
+    ),
     ("no-hf-token", DEV, {}, False, "hfToken: not set: model.downloadFromHub is true"),
     (
         "provisioning-typo",
@@ -328,6 +351,38 @@ def test_valid_variants_pass():
     # No token needed when the bucket already holds the model.
     config.parse_stack_config(
         _merge(DEV, {"model": {"downloadFromHub": False}}), has_hf_token=False
+    )
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        catalog.VLLM_TPU_IMAGE,  # the default
+        "vllm/vllm-tpu:v0.20.0",  # the floor
+        "vllm/vllm-tpu:v1.2.3",
+        "vllm/vllm-tpu:nightly-20260428-99e0d15-fd74c90",
+        "vllm/vllm-tpu:gemma4",  # no version in the tag: nothing to check
+        "vllm/vllm-tpu@sha256:" + "0" * 64,  # a digest cannot be judged by name
+        "us-docker.pkg.dev/my-project/vllm/vllm-tpu:v0.11.1",  # the user's own build
+    ],
+)
+def test_serving_images_that_may_serve_gemma4_pass(image):
+    cfg = config.parse_stack_config(_merge(PROD, {"serving": {"image": image}}), has_hf_token=True)
+    assert cfg.serving.image == image
+
+
+def test_the_default_serving_image_is_the_catalogs_and_clears_the_floor():
+    cfg = config.parse_stack_config(PROD, has_hf_token=True)
+    assert cfg.serving.image == catalog.VLLM_TPU_IMAGE
+    assert catalog.vllm_tpu_image_problem(catalog.VLLM_TPU_IMAGE) is None
+    for old in ("vllm/vllm-tpu:v0.19.0", "vllm/vllm-tpu:0.10.0", "vllm/vllm-tpu:v0.18.0@sha256:ab"):
+        assert "too old for Gemma 4" in (catalog.vllm_tpu_image_problem(old) or ""), old
+
+
+def test_the_image_floor_applies_only_when_serving_is_on():
+    config.parse_stack_config(
+        _merge(DEV, {"serving": {"enabled": False, "image": "vllm/vllm-tpu:v0.11.1"}}),
+        has_hf_token=True,
     )
 
 

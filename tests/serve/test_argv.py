@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from workloads import errors, runconfig
+from workloads import catalog, errors, runconfig
 from workloads.serve import argv
 
 
@@ -39,7 +39,7 @@ def test_staged_model_is_served_offline_from_shm_with_the_papers_flags():
         "TRANSFORMERS_OFFLINE=1",
         "--entrypoint",
         "vllm",
-        "vllm/vllm-tpu:v0.11.1",
+        catalog.VLLM_TPU_IMAGE,
         "serve",
         "/dev/shm/models/merged",
         "--served-model-name",
@@ -254,3 +254,36 @@ def test_an_unpinned_image_is_rejected_by_the_run_config(image):
     }
     with pytest.raises(errors.UserError, match=r"serve\.image: .*not pinned"):
         runconfig.parse(data)
+
+
+def _run_config_with_image(image: str) -> dict:
+    return {
+        "run_name": "x",
+        "model": {"base": "b"},
+        "data": {"dataset": "d"},
+        "train": {"output_dir": "o"},
+        "serve": {"model_dir": "m", "image": image},
+    }
+
+
+@pytest.mark.parametrize(
+    "image", ["vllm/vllm-tpu:v0.11.1", "vllm/vllm-tpu:v0.18.0", "vllm/vllm-tpu:v0.19.0"]
+)
+def test_a_release_without_gemma4_is_rejected_by_the_run_config(image):
+    with pytest.raises(errors.UserError, match=r"serve\.image: .*too old for Gemma 4") as info:
+        runconfig.parse(_run_config_with_image(image))
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        catalog.VLLM_TPU_IMAGE,
+        "vllm/vllm-tpu:v0.20.0",
+        "vllm/vllm-tpu@sha256:" + "0" * 64,
+        "registry.example.com/team/vllm-tpu:v0.11.1",
+    ],
+)
+def test_images_that_may_serve_gemma4_pass_the_run_config(image):
+    serve = runconfig.parse(_run_config_with_image(image)).serve
+    assert serve is not None and serve.image == image

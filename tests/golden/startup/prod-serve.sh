@@ -124,7 +124,7 @@ worker_number() {
     2>/dev/null || echo 0
 }
 
-readonly VLLM_IMAGE=vllm/vllm-tpu:v0.11.1
+readonly VLLM_IMAGE=vllm/vllm-tpu:v0.21.0
 readonly MERGED_URI=gs://your-gcp-project-gemma4-prod-asia-northeast1/merged/codev-r1
 readonly MERGED_DIR=/dev/shm/models/merged
 readonly VLLM_CACHE_DIR=/dev/shm/vllm-xla-cache
