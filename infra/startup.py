@@ -38,7 +38,6 @@ TRAIN_REQUIREMENTS: tuple[str, ...] = (
     "qwix==0.1.8",
     "orbax-checkpoint==0.12.8",
     "optax==0.2.8",
-    "grain==0.2.18",
     "safetensors==0.7.0",
     "tokenizers==0.22.2",
     # The chat template is rendered with the tokenizer's own transformers implementation

@@ -1,0 +1,173 @@
+"""Declared dependencies are the imported ones: every third-party import of `workloads` and
+`infra` comes from a distribution pyproject.toml declares, and every declared runtime dependency
+is imported somewhere (or is a documented runtime plugin). Also: `workloads` never imports
+`infra` (the VMs get `workloads` alone), and neither package has an import cycle at module level.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.metadata
+import pathlib
+import re
+import sys
+import tomllib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PACKAGES = ("workloads", "infra")
+# Declared, never imported by name, needed at run time: what they plug into says why.
+RUNTIME_PLUGINS = {
+    "gcsfs": "fsspec's gs:// filesystem, loaded by protocol name",
+    "jaxlib": "jax's compiled half, loaded by jax",
+    "libtpu": "the TPU compiler/runtime jax loads as a plugin",
+}
+RUNTIME_EXTRAS = ("infra", "workloads", "compile")
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[<>=!~\[ ;]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def _declared() -> set[str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = {_name(r) for r in project["dependencies"]}
+    for extra in RUNTIME_EXTRAS:
+        names |= {_name(r) for r in project["optional-dependencies"][extra]}
+    return names
+
+
+def _imports() -> dict[str, set[str]]:
+    """Absolute module names imported anywhere in the packages -> the files importing them."""
+    found: dict[str, set[str]] = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    # `from google.cloud import tpu_v2`: the name may be a module of its own.
+                    names = [f"{node.module}.{alias.name}" for alias in node.names]
+                else:
+                    continue
+                for name in names:
+                    found.setdefault(name, set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+@functools.cache
+def _distribution_files() -> dict[str, str]:
+    """Installed module path without suffix (relative to site-packages: `google/api_core/
+    exceptions`, `yaml/__init__`, `ml_dtypes/_ml_dtypes_ext`) -> distribution name."""
+    owners = {}
+    for dist in importlib.metadata.distributions():
+        for file in dist.files or ():
+            text = str(file)
+            if text.endswith((".py", ".so")):
+                owners[text.split(".", 1)[0]] = _name(dist.metadata["Name"])
+    return owners
+
+
+def _owner(module: str, owners: dict[str, str]) -> str | None:
+    """The distribution that installs `module`, found by its file among the installed files of
+    every distribution without importing it (namespace packages like google.* resolve by the
+    deepest module that has a file)."""
+    parts = module.split(".")
+    for depth in range(len(parts), 0, -1):
+        stem = "/".join(parts[:depth])
+        for candidate in (stem, f"{stem}/__init__"):
+            if candidate in owners:
+                return owners[candidate]
+    return None
+
+
+def _third_party(imports: dict[str, set[str]]) -> dict[str, set[str]]:
+    return {
+        name: files
+        for name, files in imports.items()
+        if name.split(".")[0] not in sys.stdlib_module_names
+        and name.split(".")[0] not in PACKAGES
+        and name.split(".")[0] != "__future__"
+    }
+
+
+def test_every_import_comes_from_a_declared_distribution():
+    owners = _distribution_files()
+    declared = _declared()
+    missing = {}
+    for module, files in _third_party(_imports()).items():
+        owner = _owner(module, owners)
+        assert owner is not None, f"{module} (imported by {sorted(files)}) is not installed"
+        if owner not in declared:
+            missing[module] = (owner, sorted(files)[0])
+    assert not missing, f"imported but not declared in pyproject.toml: {missing}"
+
+
+def test_every_declared_dependency_is_imported_or_a_documented_plugin():
+    owners = _distribution_files()
+    used = {_owner(module, owners) for module in _third_party(_imports())}
+    unused = sorted(_declared() - used - set(RUNTIME_PLUGINS))
+    assert not unused, f"declared in pyproject.toml but never imported: {unused}"
+
+
+def test_workloads_never_imports_infra():
+    offenders = {
+        module: sorted(f for f in files if f.startswith("workloads/"))
+        for module, files in _imports().items()
+        if module.split(".")[0] == "infra"
+    }
+    assert not {m: f for m, f in offenders.items() if f}, offenders
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_level_graph() -> dict[str, set[str]]:
+    """Project module -> project modules it imports at module level (imports inside functions
+    run later and cannot deadlock an import; TYPE_CHECKING blocks never run)."""
+    modules = {_module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges: set[str] = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            # A module's own ancestor packages are initialised before it: never a cycle.
+            edges |= {
+                t for t in targets if t in modules and t != name and not name.startswith(t + ".")
+            }
+        graph[name] = edges
+    return graph
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_cycle_at_module_level(package):
+    graph = _module_level_graph()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(n for n in graph if n.split(".")[0] == package):
+        if start not in state and (cycle := visit(start)):
+            pytest.fail(f"import cycle: {' -> '.join(cycle)}")
