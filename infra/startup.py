@@ -7,7 +7,10 @@ the training VM only when the bucket has no copy of the model yet.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import pathlib
+import re
 from typing import Any
 
 from infra import config as config_mod
@@ -24,35 +27,74 @@ TMPDIR = "/dev/shm"
 HF_HOME = "/dev/shm/huggingface"
 LIBTPU_FIND_LINKS = "https://storage.googleapis.com/jax-releases/libtpu_releases.html"
 
-# The JAX-TPU / Tunix / Qwix stack that works together (what CI installs), pinned exactly so
-# that every boot of every worker gets the same software. The `workloads` package itself is
-# installed on top by the deployment.
-TRAIN_REQUIREMENTS: tuple[str, ...] = (
-    f"--find-links {LIBTPU_FIND_LINKS}",
-    "jax[tpu]==0.10.2",
-    # The TPU compiler itself: the same release the deviceless compile check uses (pyproject's
-    # `compile` extra), so what that check compiled is what the VM compiles.
-    "libtpu==0.0.42.1",
-    "flax==0.12.8",
-    "google-tunix==0.1.7",
-    "qwix==0.1.8",
-    "orbax-checkpoint==0.12.8",
-    "optax==0.2.8",
-    "safetensors==0.7.0",
-    "tokenizers==0.22.2",
-    # The chat template is rendered with the tokenizer's own transformers implementation
-    # (what vLLM uses); tunix would pull it in anyway, pinned here so every boot gets this one.
-    "transformers==5.12.1",
-    "huggingface_hub==1.33.0",
-    "gcsfs==2026.10.1",
-    "tensorboardX==2.6.5",
-    # The merge (run on the training VM after training): progress bar and peak-RSS figure.
-    "tqdm==4.70.1",
-    "psutil==7.2.2",
+CONSTRAINTS_FILE = pathlib.Path(__file__).resolve().parent.parent / "constraints.txt"
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@functools.cache
+def pinned_versions(path: pathlib.Path = CONSTRAINTS_FILE) -> dict[str, str]:
+    """constraints.txt as {normalized name: exact version}: the versions CI installs and tests."""
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            pins[_normalized(name)] = version.strip()
+    return pins
+
+
+def pinned(requirement: str) -> str:
+    """`jax[tpu]` -> `jax[tpu]==0.10.2`, the version from constraints.txt.
+
+    Raises:
+        KeyError: the package is not in constraints.txt (add it to pyproject and regenerate).
+    """
+    name = requirement.split("[", 1)[0]
+    try:
+        return f"{requirement}=={pinned_versions()[_normalized(name)]}"
+    except KeyError:
+        raise KeyError(f"{name} is not pinned in {CONSTRAINTS_FILE.name}") from None
+
+
+# What the training VM's venv needs, at the versions CI tests (constraints.txt), so every boot of
+# every worker gets the same software; the `workloads` package itself is installed on top by the
+# deployment. libtpu is the TPU compiler itself: the release the deviceless compile check uses,
+# so what that check compiled is what the VM compiles. transformers renders the chat template
+# with the tokenizer's own implementation (what vLLM uses); tqdm and psutil serve the merge.
+TRAIN_PACKAGES = (
+    "jax[tpu]",
+    "libtpu",
+    "flax",
+    "google-tunix",
+    "qwix",
+    "orbax-checkpoint",
+    "optax",
+    "numpy",
+    "ml_dtypes",
+    "safetensors",
+    "tokenizers",
+    "transformers",
+    "huggingface_hub",
+    "gcsfs",
+    "tensorboardX",
+    "tqdm",
+    "psutil",
 )
 # The serving host runs vLLM in its container; its venv only drives serve/eval/bench/report
 # (gs:// access, and the bench and report plots).
-SERVE_REQUIREMENTS: tuple[str, ...] = ("gcsfs==2026.10.1", "matplotlib==3.11.2")
+SERVE_PACKAGES = ("gcsfs", "matplotlib")
+
+
+def train_requirements() -> tuple[str, ...]:
+    return (f"--find-links {LIBTPU_FIND_LINKS}", *(pinned(p) for p in TRAIN_PACKAGES))
+
+
+def serve_requirements() -> tuple[str, ...]:
+    return tuple(pinned(p) for p in SERVE_PACKAGES)
+
 
 VERILOG_EVAL_REPO = "https://github.com/NVlabs/verilog-eval.git"
 VERILOG_EVAL_COMMIT = "65c87a832b6cb752c38490b397df372f6ddc1c89"
@@ -94,7 +136,7 @@ def train_context(cfg: config_mod.StackConfig, *, has_hf_secret: bool) -> dict[s
         f"JAX_COMPILATION_CACHE_DIR={runconfig_render.train_compile_cache_uri(cfg)}",
     ]
     return {
-        **_common(cfg, "train", TRAIN_REQUIREMENTS),
+        **_common(cfg, "train", train_requirements()),
         "env_lines": env,
         "hosts": acc.hosts,
         "stage_dir": cfg.model.stage_dir.rstrip("/"),
@@ -118,7 +160,7 @@ def serve_context(cfg: config_mod.StackConfig) -> dict[str, Any]:
         f"GEMMA4_VERILOG_EVAL={runconfig_render.VERILOG_EVAL_DIR}",
     ]
     return {
-        **_common(cfg, "serve", SERVE_REQUIREMENTS),
+        **_common(cfg, "serve", serve_requirements()),
         "env_lines": env,
         "vllm_image": cfg.serving.image,
         "merged_uri": runconfig_render.merged_uri(cfg),

@@ -171,3 +171,21 @@ def test_no_import_cycle_at_module_level(package):
     for start in sorted(n for n in graph if n.split(".")[0] == package):
         if start not in state and (cycle := visit(start)):
             pytest.fail(f"import cycle: {' -> '.join(cycle)}")
+
+
+def test_constraints_pin_every_declared_package_at_the_version_installed_here():
+    """constraints.txt is the one source of pins: CI installs with it, the VMs are pinned from
+    it (infra.startup), so what the tests ran is what the VMs run."""
+    from infra import startup
+
+    pins = startup.pinned_versions()
+    assert not _declared() - set(pins), "declared but not pinned in constraints.txt"
+    wrong = {}
+    for dist in importlib.metadata.distributions():
+        name = _name(dist.metadata["Name"])
+        if name in pins and dist.version.split("+")[0] != pins[name]:
+            wrong[name] = (dist.version, pins[name])
+    assert not wrong, f"installed != constraints.txt: {wrong}"
+    for requirement in (*startup.train_requirements()[1:], *startup.serve_requirements()):
+        name, _, version = requirement.partition("==")
+        assert pins[_name(name)] == version, requirement

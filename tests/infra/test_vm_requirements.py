@@ -27,7 +27,7 @@ from tests.deploy.conftest import make_run_config
 from workloads import cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-ROLE_REQUIREMENTS = {"train": startup.TRAIN_REQUIREMENTS, "serve": startup.SERVE_REQUIREMENTS}
+ROLE_REQUIREMENTS = {"train": startup.train_requirements(), "serve": startup.serve_requirements()}
 
 
 def _norm(name: str) -> str:

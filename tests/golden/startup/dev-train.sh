@@ -11,7 +11,7 @@ readonly VENV_DIR=/opt/gemma4/venv
 readonly READY_MARKER=/var/lib/gemma4/ready
 readonly ENV_FILE=/etc/gemma4/env
 readonly LOG_FILE=/var/log/gemma4-startup.log
-readonly REQUIREMENTS_DIGEST=d2eeb753e5510140
+readonly REQUIREMENTS_DIGEST=0bb73e9236c8f083
 readonly -a REQUIREMENTS=(
   '--find-links https://storage.googleapis.com/jax-releases/libtpu_releases.html'
   'jax[tpu]==0.10.2'
@@ -21,6 +21,8 @@ readonly -a REQUIREMENTS=(
   qwix==0.1.8
   orbax-checkpoint==0.12.8
   optax==0.2.8
+  numpy==2.4.6
+  ml_dtypes==0.6.0
   safetensors==0.7.0
   tokenizers==0.22.2
   transformers==5.12.1
