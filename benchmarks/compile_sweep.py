@@ -71,7 +71,7 @@ def row(
     if est is None or not est.fits:
         why = compile_check.verdict_line(est) if est else "nothing compiled"
         return f"{head} does not fit: {why} | | | | |"
-    padded = est.real_tokens_per_s
+    padded = est.computed_tokens_per_s * compile_check.REAL_FRACTION[False]
     packed = est.computed_tokens_per_s * compile_check.REAL_FRACTION[True]
     scale = 6 * est.base_parameters / (est.chips * est.peak_flops_per_chip)
     return (
