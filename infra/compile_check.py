@@ -48,7 +48,8 @@ DOES_NOT_FIT = "DOES NOT FIT"
 STEP_SOURCES = (
     "workloads/model.py",
     "workloads/train/lora.py",
-    "workloads/train/trainer.py",
+    "workloads/train/step.py",
+    "workloads/train/checkpoints.py",
     "workloads/train/compile_step.py",
 )
 PACKAGES = ("jax", "jaxlib", "libtpu", "google-tunix", "qwix", "flax", "optax")

@@ -85,7 +85,7 @@ def test_bfloat16_checkpoint_loads_in_tunix(tmp_path):
     import numpy as np
 
     from workloads import model
-    from workloads.train import trainer
+    from workloads.train import step
 
     out = tmp_path / "bf16"
     assert cli.main(["make-tiny-model", str(out), "--dtype", "bfloat16", "--layers", "6"]) == 0
@@ -94,6 +94,6 @@ def test_bfloat16_checkpoint_loads_in_tunix(tmp_path):
     assert json.loads((out / "config.json").read_text())["text_config"]["dtype"] == "bfloat16"
     loaded = model.load_model(out, mesh=None, dtype="bfloat16")
     tokens = np.arange(40, dtype=np.int32)[None]
-    logits, _ = loaded(tokens, tokens, None, trainer.attention_mask(np.ones_like(tokens)))
+    logits, _ = loaded(tokens, tokens, None, step.attention_mask(np.ones_like(tokens)))
     assert logits.shape == (1, 40, loaded.config.num_embed)
     assert np.isfinite(np.asarray(logits, np.float32)).all()

@@ -35,21 +35,21 @@ def test_adamw_decays_the_weights_and_clipping_is_optional():
     import jax.numpy as jnp
     import optax
 
-    from workloads.train import trainer
+    from workloads.train import step
 
     params = {"w": jnp.array([1.0, -2.0, 3.0])}
     lr = 0.1
     # Zero gradients: AdamW's update is the decoupled weight decay alone, -lr * wd * w.
     (decay,) = updates(
-        trainer.make_optimizer(train_section(), lambda step: lr), [{"w": jnp.zeros(3)}], params
+        step.make_optimizer(train_section(), lambda step: lr), [{"w": jnp.zeros(3)}], params
     )
     np.testing.assert_allclose(decay, -lr * 0.01 * np.asarray(params["w"]), rtol=1e-6)
 
     # Adam is invariant to one uniform gradient scale, not to clipping only the large step.
     grads = [{"w": jnp.array([300.0, 400.0, 0.0])}, {"w": jnp.array([-0.3, 0.4, 0.1])}]
-    plain = updates(trainer.make_optimizer(train_section(), lambda s: lr), grads, params)
+    plain = updates(step.make_optimizer(train_section(), lambda s: lr), grads, params)
     clipped = updates(
-        trainer.make_optimizer(train_section(max_grad_norm=1.0), lambda s: lr), grads, params
+        step.make_optimizer(train_section(max_grad_norm=1.0), lambda s: lr), grads, params
     )
     reference = updates(
         optax.adamw(lr, weight_decay=0.01),
@@ -119,21 +119,21 @@ def test_every_remat_policy_gives_the_same_lora_gradients(tp2_lora_model):
     from flax import nnx
 
     from workloads import model as model_lib
-    from workloads.train import lora, trainer
+    from workloads.train import lora, step
 
     lora_model, mesh = tp2_lora_model
     segment_ids = jnp.array([[1] * 5 + [2] * 9 + [0] * 2, [1] * 16], jnp.int32)
     positions = jnp.array([list(range(5)) + list(range(9)) + [0, 0], list(range(16))], jnp.int32)
     tokens = (jnp.arange(32, dtype=jnp.int32).reshape(2, 16) * 7) % 50 + 3
-    inputs = trainer.model_inputs(
-        trainer.PackedInput(tokens, (segment_ids != 0).astype(jnp.int32), segment_ids, positions)
+    inputs = step.model_inputs(
+        step.PackedInput(tokens, (segment_ids != 0).astype(jnp.int32), segment_ids, positions)
     )
 
     def grads(policy):
         model_lib.set_remat(lora_model, policy)
         lora.seed_dropout(lora_model, 0, 0, mesh)  # the same LoRA dropout masks every time
         grad_fn = nnx.value_and_grad(
-            trainer.loss_fn, argnums=nnx.DiffState(0, nnx.LoRAParam), has_aux=True
+            step.loss_fn, argnums=nnx.DiffState(0, nnx.LoRAParam), has_aux=True
         )
         (loss, _), g = grad_fn(lora_model, **inputs)
         return float(loss), jax.tree.leaves(nnx.state(g))
@@ -160,7 +160,7 @@ def test_adamw_moments_take_the_fitted_lora_shardings(tp2_lora_model):
     import optax
     from flax import nnx
 
-    from workloads.train import lora, trainer
+    from workloads.train import lora, step
 
     lora_model, mesh = tp2_lora_model
     params = {path: var.get_value() for path, var in nnx.to_flat_state(lora.lora_state(lora_model))}
@@ -172,7 +172,7 @@ def test_adamw_moments_take_the_fitted_lora_shardings(tp2_lora_model):
     with mesh:
         optimizer = nnx.Optimizer(
             lora_model,
-            trainer.make_optimizer(train_section(), optax.constant_schedule(1e-3)),
+            step.make_optimizer(train_section(), optax.constant_schedule(1e-3)),
             wrt=nnx.LoRAParam,
         )
     moments = dict(nnx.to_flat_state(nnx.state(optimizer)))
@@ -310,13 +310,13 @@ def test_checkpoints_every_n_steps_keep_the_last_k(tmp_path):
     from flax import nnx
     from tunix.sft import checkpoint_manager
 
-    from workloads.train import trainer
+    from workloads.train import checkpoints
 
     class Adapter(nnx.Module):
         def __init__(self):
             self.w = nnx.LoRAParam(jnp.zeros(3))
 
-    options = trainer.checkpoint_options(train_section(save_every=3, keep_checkpoints=2))
+    options = checkpoints.options(train_section(save_every=3, keep_checkpoints=2))
     root = str(tmp_path / "checkpoints")
     manager = checkpoint_manager.CheckpointManager(root, options)
     adapter = Adapter()
@@ -324,7 +324,7 @@ def test_checkpoints_every_n_steps_keep_the_last_k(tmp_path):
         adapter.w.set_value(jnp.full(3, float(step)))
         manager.save(step, adapter, save_only_lora_params=True)
     manager.close()
-    assert trainer.saved_steps(root) == [6, 9]
+    assert checkpoints.saved_steps(root) == [6, 9]
 
 
 class _Toy:
@@ -348,12 +348,12 @@ class _Toy:
 
 def toy_rows(seed: int, rows: int, length: int = 8):
     """Rows of one sample each with the same number of target tokens (5 of 8)."""
-    from workloads.train import trainer
+    from workloads.train import step
 
     rng = np.random.default_rng(seed)
     mask = np.zeros((rows, length), np.int32)
     mask[:, 3:] = 1
-    return trainer.PackedInput(
+    return step.PackedInput(
         input_tokens=rng.integers(0, 16, (rows, length)).astype(np.int32),
         input_mask=mask,
         segment_ids=np.ones((rows, length), np.int32),
@@ -367,7 +367,7 @@ def toy_train(batches, grad_accum):
     from tunix.sft import peft_trainer
 
     from workloads import model as model_lib
-    from workloads.train import trainer
+    from workloads.train import step
 
     mesh = model_lib.make_mesh(1, 2)
     toy = _Toy.make()
@@ -391,9 +391,9 @@ def toy_train(batches, grad_accum):
     )
     try:
         with mesh:
-            peft = trainer._make_peft_trainer_class()(toy, optax.sgd(1.0), config)
-            peft = peft.with_loss_fn(trainer.loss_fn, has_aux=True)
-            peft = peft.with_gen_model_input_fn(trainer.model_inputs)
+            peft = step._make_peft_trainer_class()(toy, optax.sgd(1.0), config)
+            peft = peft.with_loss_fn(step.loss_fn, has_aux=True)
+            peft = peft.with_gen_model_input_fn(step.model_inputs)
             peft.train(stream())
     finally:
         jax.monitoring.clear_event_listeners()

@@ -7,10 +7,10 @@ import pytest
 
 
 def test_attention_mask_is_causal_same_segment_and_not_padding():
-    from workloads.train import trainer
+    from workloads.train import step
 
     segments = np.array([[1, 1, 2, 2, 2, 0]], np.int32)
-    mask = np.asarray(trainer.attention_mask(segments))[0]
+    mask = np.asarray(step.attention_mask(segments))[0]
     expected = np.array(
         [
             [1, 0, 0, 0, 0, 0],
@@ -33,7 +33,8 @@ def test_packed_row_losses_equal_each_sample_alone(tiny_model_dir):
 
     from workloads import model as model_lib
     from workloads.data import chat, packing
-    from workloads.train import trainer
+    from workloads.train import step
+    from workloads.train import stream as stream_lib
 
     length = 128
     rng = np.random.default_rng(0)
@@ -48,9 +49,9 @@ def test_packed_row_losses_equal_each_sample_alone(tiny_model_dir):
     mesh = model_lib.make_mesh(2, 1)
     with mesh:
         model = model_lib.load_model(tiny_model_dir, mesh=mesh, dtype="float32")
-        inputs = trainer.model_inputs(trainer.to_input(batch))
+        inputs = step.model_inputs(stream_lib.to_input(batch))
         nll = np.asarray(
-            jax.jit(lambda t, p, m: trainer.token_nll(model, t, p, m))(
+            jax.jit(lambda t, p, m: step.token_nll(model, t, p, m))(
                 inputs["input_tokens"], inputs["positions"], inputs["attention_mask"]
             )
         )
@@ -80,16 +81,17 @@ def test_prompt_and_padding_tokens_get_zero_gradient(prepared):
     import jax
     import jax.numpy as jnp
 
-    from workloads.train import trainer
+    from workloads.train import step
+    from workloads.train import stream as stream_lib
 
-    batch = trainer.to_input(next(prepared.batches(0)))
-    inputs = trainer.model_inputs(batch)
+    batch = stream_lib.to_input(next(prepared.batches(0)))
+    inputs = step.model_inputs(batch)
     vocab = int(batch.input_tokens.max()) + 1
     logits = jax.random.normal(jax.random.key(0), (*batch.input_tokens.shape, vocab))
 
     def loss_of_logits(logits):
         stub = lambda tokens, positions, cache, mask: (logits, None)  # noqa: E731
-        return trainer.loss_fn(stub, **inputs)[0]
+        return step.loss_fn(stub, **inputs)[0]
 
     grad = np.asarray(jax.grad(loss_of_logits)(logits))
     predicts_target = np.asarray(batch.input_mask)[:, 1:] == 1
@@ -105,10 +107,10 @@ def test_prompt_and_padding_tokens_get_zero_gradient(prepared):
 
 
 def test_learning_rate_warms_up_linearly_then_decays_to_zero(config_for, tmp_path):
-    from workloads.train import trainer
+    from workloads.train import step
 
     cfg = config_for(tmp_path, train={"warmup_steps": 10, "learning_rate": 1e-3})
-    schedule = trainer.learning_rate_schedule(cfg.train, 100)
+    schedule = step.learning_rate_schedule(cfg.train, 100)
     assert float(schedule(0)) == 0.0
     assert float(schedule(5)) == pytest.approx(5e-4)
     assert float(schedule(10)) == pytest.approx(1e-3)

@@ -165,7 +165,7 @@ def test_tiny_model_logits_match_hugging_face(tiny_model_dir):
     import transformers
 
     from workloads import model
-    from workloads.train import trainer
+    from workloads.train import step
 
     tokens = np.random.default_rng(1).integers(0, 1000, (2, 40)).astype(np.int32)
     hf = transformers.Gemma4ForConditionalGeneration.from_pretrained(
@@ -178,5 +178,5 @@ def test_tiny_model_logits_match_hugging_face(tiny_model_dir):
         ours = model.load_model(tiny_model_dir, mesh=mesh, dtype="float32")
         segments = np.ones_like(tokens)
         positions = np.tile(np.arange(40, dtype=np.int32), (2, 1))
-        logits, _ = ours(tokens, positions, None, trainer.attention_mask(segments))
+        logits, _ = ours(tokens, positions, None, step.attention_mask(segments))
     np.testing.assert_allclose(np.asarray(logits), expected, rtol=0, atol=1e-4)

@@ -7,7 +7,7 @@ import types
 
 import numpy as np
 
-from workloads.train import trainer
+from workloads.train import stream as stream_lib
 
 ROWS, LENGTH = 1, 8
 
@@ -18,7 +18,7 @@ class _Data:
     def batches(self, epoch, skip=0):
         for i in range(skip, self.batches_per_epoch):
             fill = np.full((ROWS, LENGTH), epoch * 100 + i, dtype=np.int32)
-            yield types.SimpleNamespace(**{name: fill for name in trainer.BATCH_FIELDS})
+            yield types.SimpleNamespace(**{name: fill for name in stream_lib.BATCH_FIELDS})
 
 
 def test_multi_host_stream_stops_exactly_at_the_agreed_step_and_never_mid_accumulation():
@@ -28,14 +28,14 @@ def test_multi_host_stream_stops_exactly_at_the_agreed_step_and_never_mid_accumu
         asked.append(step)
         return step == 3
 
-    stream = trainer._Stream(_Data(), total_micro=40, grad_accum=2, skip=0, preempted=sync_point)
+    stream = stream_lib.Stream(_Data(), total_micro=40, grad_accum=2, skip=0, preempted=sync_point)
     items = list(stream)
     assert len(items) == 3 * 2  # three whole optimizer steps, then stop
     assert asked == [1, 2, 3]  # every host asks at every step boundary, in order
 
 
 def test_single_host_stream_stops_at_the_next_boundary_after_sigterm():
-    stream = trainer._Stream(_Data(), total_micro=40, grad_accum=4, skip=0)
+    stream = stream_lib.Stream(_Data(), total_micro=40, grad_accum=4, skip=0)
     items = []
     for item in stream:
         items.append(item)
@@ -46,7 +46,7 @@ def test_single_host_stream_stops_at_the_next_boundary_after_sigterm():
 
 def test_without_a_stop_the_stream_runs_to_the_end_across_epochs():
     never = lambda step: False  # noqa: E731
-    stream = trainer._Stream(_Data(), total_micro=25, grad_accum=5, skip=5, preempted=never)
+    stream = stream_lib.Stream(_Data(), total_micro=25, grad_accum=5, skip=5, preempted=never)
     items = list(stream)
     assert items[:5] == [None] * 5  # resumed: the skipped micro-batches are placeholders
     assert len(items) == 25

@@ -99,6 +99,7 @@ def test_sigkill_then_restart_resumes_and_matches_uninterrupted_run(
     reference_run, config_for, tmp_path
 ):
     from workloads.merge import lora_restore
+    from workloads.train import checkpoints as checkpoints_lib
     from workloads.train import metrics, trainer
 
     cfg = config_for(tmp_path / "run")
@@ -121,7 +122,7 @@ def test_sigkill_then_restart_resumes_and_matches_uninterrupted_run(
         if proc.poll() is None:
             proc.kill()
         log.close()
-    assert trainer.saved_steps(str(checkpoints)) == [SAVE_EVERY], (
+    assert checkpoints_lib.saved_steps(str(checkpoints)) == [SAVE_EVERY], (
         tmp_path / "train.log"
     ).read_text()
     assert not (tmp_path / "run" / "train_summary.json").exists()
@@ -165,6 +166,7 @@ def test_sigkill_then_restart_resumes_and_matches_uninterrupted_run(
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_143(config_for, tmp_path):
+    from workloads.train import checkpoints as checkpoints_lib
     from workloads.train import metrics, trainer
 
     cfg = config_for(tmp_path / "run")  # the reference config: its train step is compiled already
@@ -180,7 +182,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(config_for, tmp_path):
     assert result.interrupted and result.exit_status == 143
     assert SAVE_EVERY <= result.final_step < STEPS
     # The final save happened at the step it stopped, not only at the last interval.
-    assert trainer.saved_steps(str(checkpoints))[-1] == result.final_step
+    assert checkpoints_lib.saved_steps(str(checkpoints))[-1] == result.final_step
     assert not (tmp_path / "run" / "train_summary.json").exists()
     assert signal.getsignal(signal.SIGTERM) is handler_before
     (segment,) = metrics.read_segments(str(tmp_path / "run")).values()

@@ -6,9 +6,9 @@ devices of a named TPU topology, a mesh is built on them while JAX itself runs o
 `jit(...).lower(abstract arguments).compile()` produces the TPU executable's memory and cost
 analyses. The model is built abstractly (`nnx.eval_shape`: shapes, dtypes and shardings, no
 weights), Qwix adds the adapters in the same abstract trace, and the step is the trainer's own
-(`trainer.make_trainer`): PeftTrainer's train step with the project's loss and packed inputs,
+(`step.make_trainer`): PeftTrainer's train step with the project's loss and packed inputs,
 gradient accumulation, AdamW and the sharding pin, jitted as the trainer jits it
-(`trainer.TrainableOnlyStep`). Tunix's activation-sharding helper skips its constraints when
+(`step.TrainableOnlyStep`). Tunix's activation-sharding helper skips its constraints when
 the first JAX device is a CPU; here the step is for a TPU, so the helper is made to apply them
 as it does on a TPU VM.
 """
@@ -27,7 +27,7 @@ import numpy as np
 from workloads import catalog, errors, runconfig
 from workloads import model as model_lib
 from workloads.train import lora as lora_lib
-from workloads.train import trainer as trainer_lib
+from workloads.train import step as step_lib
 
 if TYPE_CHECKING:
     import jax
@@ -180,9 +180,9 @@ def abstract_inputs(cfg: runconfig.RunConfig, mesh: jax.sharding.Mesh) -> Any:
     import jax.numpy as jnp
 
     shape = (cfg.train.micro_batch, cfg.data.max_seq_len)
-    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(trainer_lib.DATA_AXES))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(step_lib.DATA_AXES))
     leaf = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding)
-    return trainer_lib.PackedInput(
+    return step_lib.PackedInput(
         input_tokens=leaf, input_mask=leaf, segment_ids=leaf, positions=leaf
     )
 
@@ -220,7 +220,7 @@ def compile_train_step(
             f"train.micro_batch={cfg.train.micro_batch} rows cannot split over "
             f"train.mesh.fsdp={cfg.train.mesh.fsdp}; use a multiple of it"
         )
-    schedule = trainer_lib.learning_rate_schedule(cfg.train, total_steps=1000)
+    schedule = step_lib.learning_rate_schedule(cfg.train, total_steps=1000)
 
     with mesh, tpu_activation_sharding():
 
@@ -234,14 +234,12 @@ def compile_train_step(
         made: dict[str, Any] = {}
 
         def build_optimizer(m: nnx.Module) -> nnx.Module:
-            made["trainer"] = trainer_lib.make_trainer(m, cfg.train, schedule, None)
+            made["trainer"] = step_lib.make_trainer(m, cfg.train, schedule, None)
             return made["trainer"].optimizer
 
         optimizer = nnx.eval_shape(build_optimizer, model)
         _with_shardings(optimizer, mesh)
-        step = trainer_lib.TrainableOnlyStep(
-            model, optimizer, made["trainer"].create_train_step_fn()
-        )
+        step = step_lib.TrainableOnlyStep(model, optimizer, made["trainer"].create_train_step_fn())
         lowered = step.lower(abstract_inputs(cfg, mesh))
         try:
             compiled = lowered.compile()

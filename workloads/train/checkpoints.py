@@ -1,0 +1,75 @@
+"""The run's checkpoint directory: finished steps, the adapter settings it was written with, and
+when checkpoints are saved.
+
+Checkpoints are PeftTrainer's (LoRA params + optimizer state) every `train.save_every` steps,
+keeping `train.keep_checkpoints`; a restarted run resumes from the latest one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workloads import adapter_meta, errors, runconfig, storage
+
+
+def saved_steps(checkpoint_dir: str) -> list[int]:
+    """Finished checkpoint steps in a checkpoint dir (half-written temporary ones excluded)."""
+    import orbax.checkpoint as ocp
+
+    if not storage.exists(checkpoint_dir):
+        return []
+    return sorted(ocp.utils.checkpoint_steps(checkpoint_dir))
+
+
+def check_checkpoint_dir(cfg: runconfig.RunConfig) -> bool:
+    """Refuses a checkpoint dir written with other LoRA settings. Returns whether it has metadata.
+
+    Raises:
+        errors.UserError: lora_meta.json differs in rank, alpha or targets, or there are step
+            directories without lora_meta.json.
+    """
+    ckpt = cfg.train.checkpoint_dir
+    if storage.exists(adapter_meta.path(ckpt)):
+        meta = adapter_meta.read(ckpt)
+        diffs = [
+            f"{name} {old!r} (run config: {new!r})"
+            for name, old, new in (
+                ("rank", meta.rank, cfg.lora.rank),
+                ("alpha", meta.alpha, cfg.lora.alpha),
+                ("targets", sorted(meta.targets), sorted(cfg.lora.targets)),
+            )
+            if old != new
+        ]
+        if diffs:
+            raise errors.UserError(
+                f"{ckpt}: holds LoRA checkpoints with {'; '.join(diffs)}; use another "
+                "train.output_dir or the same lora settings"
+            )
+        return True
+    if saved_steps(ckpt):
+        raise errors.UserError(
+            f"{ckpt}: has checkpoints but no {adapter_meta.FILENAME}; refusing to resume from "
+            "adapters of unknown rank/alpha/targets (use another train.output_dir)"
+        )
+    return False
+
+
+def options(train: runconfig.TrainSection) -> Any:
+    """Every `save_every` steps (and when JAX reports a preemption), keeping `keep_checkpoints`.
+
+    The policy is spelled out because Orbax's default for `save_interval_steps` also saves the
+    first step of a fresh run, which would take one of the kept slots for an untrained adapter.
+    """
+    import orbax.checkpoint as ocp
+
+    policies = ocp.checkpoint_managers
+    return ocp.CheckpointManagerOptions(
+        save_interval_steps=train.save_every,
+        max_to_keep=train.keep_checkpoints,
+        save_decision_policy=policies.AnySavePolicy(
+            [
+                policies.FixedIntervalPolicy(train.save_every),
+                policies.PreemptionCheckpointingPolicy(),
+            ]
+        ),
+    )

@@ -1,0 +1,97 @@
+"""The micro-batch stream the trainer consumes: packed rows from the data pipeline, epochs
+chained, replayed and skipped on resume, cut at an optimizer-step boundary on preemption.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import numpy as np
+
+from workloads.train.step import PackedInput
+
+BATCH_FIELDS = ("tokens", "segment_ids", "positions", "loss_mask")
+# Mesh axes a micro-batch's rows are split over (PeftTrainer shards its inputs along them).
+
+
+class PreparedData(Protocol):
+    """What workloads.data.pipeline.prepare returns; tests may pass their own."""
+
+    @property
+    def stats(self) -> Any: ...
+
+    @property
+    def batches_per_epoch(self) -> int: ...
+
+    def batches(self, epoch: int, *, skip: int = 0) -> Iterator[Any]: ...
+
+
+def preemption_sync_point() -> Callable[[int], bool]:
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.reached_preemption_sync_point
+
+
+class Stream:
+    """The micro-batch stream PeftTrainer consumes: epochs chained, cut at `total_micro` items.
+
+    On resume PeftTrainer pulls and drops the first `skip` items itself; those are cheap
+    placeholders (the data pipeline skips them without building them). A stop request (SIGTERM)
+    ends the stream at the next optimizer-step boundary, so the final checkpoint never holds a
+    half-accumulated gradient.
+    """
+
+    def __init__(
+        self,
+        data: PreparedData,
+        *,
+        total_micro: int,
+        grad_accum: int,
+        skip: int,
+        preempted: Callable[[int], bool] | None = None,
+    ):
+        """Args:
+        preempted: on multi-host slices, `multihost_utils.reached_preemption_sync_point`: every
+            host stops at the same step (the one JAX agreed on after a preemption notice), where
+            a host-local SIGTERM flag would let hosts stop at different steps and hang the
+            collectives of the others.
+        """
+        self.preempted = preempted
+        self.data = data
+        self.total_micro = total_micro
+        self.grad_accum = grad_accum
+        self.skip = skip
+        self.stop_requested = threading.Event()
+
+    def __iter__(self) -> Iterator[PackedInput | None]:
+        per_epoch = self.data.batches_per_epoch
+        for _ in range(min(self.skip, self.total_micro)):
+            yield None
+        index = self.skip
+        while index < self.total_micro:
+            epoch, offset = divmod(index, per_epoch)
+            for batch in self.data.batches(epoch, skip=offset):
+                if index >= self.total_micro:
+                    return
+                if index % self.grad_accum == 0 and self._stop_at(index // self.grad_accum):
+                    return
+                yield to_input(batch)
+                index += 1
+
+    def _stop_at(self, step: int) -> bool:
+        if self.preempted is not None and step > 0 and self.preempted(step):
+            return True
+        return self.stop_requested.is_set()
+
+
+def to_input(batch: Any) -> PackedInput:
+    """A data-pipeline Batch -> PackedInput (int32 numpy)."""
+    fields = {name: np.asarray(getattr(batch, name), dtype=np.int32) for name in BATCH_FIELDS}
+    return PackedInput(
+        input_tokens=fields["tokens"],
+        input_mask=fields["loss_mask"],
+        segment_ids=fields["segment_ids"],
+        positions=fields["positions"],
+    )
