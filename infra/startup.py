@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 from infra import config as config_mod
-from infra import runconfig_render, templating
+from infra import runconfig_render, templating, validation
 from workloads import catalog, runconfig
 
 PYTHON = "python3.11"
@@ -109,7 +109,14 @@ def _requirements_digest(requirements: tuple[str, ...]) -> str:
 def _common(
     cfg: config_mod.StackConfig, role: str, requirements: tuple[str, ...]
 ) -> dict[str, Any]:
+    if role == "train":
+        shm_needed, shm_key = validation.training_shm_bytes(cfg), "training.shmWorkingSetGb"
+    else:
+        shm_needed, shm_key = validation.serving_shm_bytes(cfg), "serving.shmWorkingSetGb"
     return {
+        "shm_needed_bytes": shm_needed,
+        "shm_key": shm_key,
+        "shm_max_percent": round(catalog.SHM_MAX_FRACTION * 100),
         "stack_role": role,
         "project": cfg.project,
         "python": PYTHON,

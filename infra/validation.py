@@ -413,6 +413,13 @@ def serving_shm_bytes(cfg: StackConfig) -> int:
     return int(model.weight_bytes + cfg.serving.shm_working_set_gb * GB)
 
 
+def _shm_room(acc: catalog.Accelerator) -> str:
+    return (
+        f"{_fmt_gb(acc.shm_limit_bytes)} /dev/shm can grow to on a {acc.name} host "
+        f"({catalog.SHM_MAX_FRACTION:.0%} of its {_fmt_gb(acc.host_ram_bytes)} of RAM)"
+    )
+
+
 def rule_memory(cfg: StackConfig) -> list[str]:
     """Weights + working set fit /dev/shm (never the boot disk); HBM fits per chip."""
     problems: list[str] = []
@@ -430,12 +437,11 @@ def rule_memory(cfg: StackConfig) -> list[str]:
     train_acc = _accelerator(cfg.training.accelerator)
     if train_acc is not None:
         need = training_shm_bytes(cfg)
-        if need > train_acc.shm_bytes:
+        if need > train_acc.shm_limit_bytes:
             problems.append(
                 f"training.shmWorkingSetGb: {cfg.training.shm_working_set_gb}: weights "
                 f"{_fmt_gb(model.weight_bytes)}{' x2 (base + merged)' if cfg.merge.enabled else ''}"
-                f" + working set = {_fmt_gb(need)} exceed the {_fmt_gb(train_acc.shm_bytes)} of "
-                f"/dev/shm on a {train_acc.name} host"
+                f" + working set = {_fmt_gb(need)} exceed the {_shm_room(train_acc)}"
             )
         need = training_hbm_bytes(cfg)
         if need > train_acc.hbm_bytes_per_chip:
@@ -449,11 +455,10 @@ def rule_memory(cfg: StackConfig) -> list[str]:
     serve_acc = _accelerator(cfg.serving.accelerator)
     if cfg.serving.enabled and serve_acc is not None:
         need = serving_shm_bytes(cfg)
-        if need > serve_acc.shm_bytes:
+        if need > serve_acc.shm_limit_bytes:
             problems.append(
                 f"serving.shmWorkingSetGb: {cfg.serving.shm_working_set_gb}: merged weights + "
-                f"working set = {_fmt_gb(need)} exceed the {_fmt_gb(serve_acc.shm_bytes)} of "
-                f"/dev/shm on a {serve_acc.name} host"
+                f"working set = {_fmt_gb(need)} exceed the {_shm_room(serve_acc)}"
             )
         need = serving_hbm_bytes(cfg)
         budget = serve_acc.hbm_bytes_per_chip * cfg.serving.hbm_utilization

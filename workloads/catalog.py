@@ -45,9 +45,10 @@ class Accelerator:
             device per chip).
         hosts: TPU VM workers; every worker runs the same program.
         hbm_bytes_per_chip: accelerator memory per chip (per JAX device).
-        host_ram_bytes: RAM of one worker.
-        shm_bytes: RAM-backed /dev/shm of one worker, the only place large enough for the weights
-            (the boot disk is 97 GB with ~85 GB used). Measured values where we have them.
+        host_ram_bytes: RAM of one worker, as Cloud TPU's documentation gives it.
+        shm_bytes: RAM-backed /dev/shm of one worker as it boots, the only place large enough
+            for the weights (the boot disk is 97 GB with ~85 GB used): a tmpfs, which Linux
+            sizes at half the RAM. The startup script grows it up to `shm_limit_bytes`.
         boot_disk_free_bytes: what is left on the boot disk of a fresh worker.
         runtime_version: the TPU software version that works for this generation.
         zones: zones that offer this accelerator type (ordered: preferred first).
@@ -75,6 +76,11 @@ class Accelerator:
     def devices_per_host(self) -> int:
         return self.jax_devices // self.hosts
 
+    @property
+    def shm_limit_bytes(self) -> int:
+        """What the startup script may grow /dev/shm to (`mount -o remount,size=`)."""
+        return int(self.host_ram_bytes * SHM_MAX_FRACTION)
+
 
 # Runtime versions that are known to work, per generation. `tpu-ubuntu2204-base` FAILS on v6e
 # ("Failed to get global TPU topology"), so it is deliberately absent there.
@@ -100,13 +106,23 @@ _V6E_ZONES = (
 )
 
 _V5P_HBM = 95 * GIB  # the paper reports 102.8 GB (= 95.7 GiB); JAX sees 95 GiB usable
-_V5P_HOST_RAM = 448 * GIB
-_V5P_SHM = 355 * GB  # measured by the paper on a v5p-8 worker ("measure, don't trust")
+# Linux sizes a tmpfs such as /dev/shm at half the RAM; the startup scripts grow it to at most
+# this share when the stack needs more, leaving a quarter of the RAM to the OS and the jobs'
+# processes (training keeps host copies of batches and checkpoints, the merge streams blocks).
+TMPFS_DEFAULT_FRACTION = 0.5
+SHM_MAX_FRACTION = 0.75
+# Host RAM of a v5p worker (a 4-chip VM, machine type ct5p-hightpu-4t): Cloud TPU documentation,
+# https://docs.cloud.google.com/tpu/docs/v5p, specifications table: "RAM (GB) (4-chip VM) 448".
+# (The paper's 355 GB of /dev/shm was measured on another host type.)
+_V5P_HOST_RAM = 448 * GB
+_V5P_SHM = int(_V5P_HOST_RAM * TMPFS_DEFAULT_FRACTION)
 _V5P_BOOT_FREE = 12 * GB  # 97 GB disk with ~85 GB used
 _V5P_CHIP_USD = 16.80 / 4  # the paper's v5p-8 on-demand rate, per chip-hour
 _V6E_HBM = 32 * GB  # 31.25 GiB
-_V6E_HOST_RAM = 1440 * GIB
-_V6E_SHM = 720 * GIB  # tmpfs default: half of host RAM
+# Host RAM of a v6e-8 worker (8 chips on one host): Cloud TPU documentation,
+# https://docs.cloud.google.com/tpu/docs/v6e, system architecture table: "DRAM per host 1536 GiB".
+_V6E_HOST_RAM = 1536 * GIB
+_V6E_SHM = int(_V6E_HOST_RAM * TMPFS_DEFAULT_FRACTION)
 _V6E_CHIP_USD = 21.52 / 8
 
 ACCELERATORS: dict[str, Accelerator] = {

@@ -113,7 +113,8 @@ CASES = [
         {"training": {"shmWorkingSetGb": 300}},
         True,
         "training.shmWorkingSetGb: 300.0: weights 62.5 GB x2 (base + merged) + working set "
-        "= 425.0 GB exceed the 355.0 GB of /dev/shm on a v5p-8 host",
+        "= 425.0 GB exceed the 336.0 GB /dev/shm can grow to on a v5p-8 host (75% of its "
+        "448.0 GB of RAM)",
     ),
     (
         "training-hbm",

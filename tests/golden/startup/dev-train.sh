@@ -41,6 +41,9 @@ readonly -a ENV_LINES=(
   GEMMA4_HOSTS=1
   JAX_COMPILATION_CACHE_DIR=gs://your-gcp-project-gemma4-dev-us-central1/compile-cache/jax
 )
+readonly SHM_NEEDED_BYTES=157000000000
+readonly SHM_KEY=training.shmWorkingSetGb
+readonly SHM_MAX_PERCENT=75
 export TMPDIR=/dev/shm
 export DEBIAN_FRONTEND=noninteractive
 
@@ -131,6 +134,29 @@ write_env() {
   printf 'set -a\n. %s\nset +a\n' "$ENV_FILE" >/etc/profile.d/gemma4.sh
 }
 
+# /dev/shm must hold what this host stages there ($SHM_NEEDED_BYTES: weights + working set),
+# measured here rather than trusted: a tmpfs starts at half the RAM. Too small but the host has
+# the RAM (up to $SHM_MAX_PERCENT% of it, the rest stays for the OS and the jobs): grow it. Not
+# enough RAM: stop before staging anything, naming the stack key. MEMINFO and SHM_DIR let a test
+# run this against fakes.
+ensure_shm() {
+  local meminfo=${MEMINFO:-/proc/meminfo} shm=${SHM_DIR:-/dev/shm} total size limit
+  total=$(awk '/^MemTotal:/ { printf "%.0f", $2 * 1024 }' "$meminfo")
+  size=$(df -B1 --output=size "$shm" | tail -n 1 | tr -d ' ')
+  limit=$((total * SHM_MAX_PERCENT / 100))
+  if [ "$size" -ge "$SHM_NEEDED_BYTES" ]; then
+    log "$shm: $((size >> 30)) GiB, the stack needs $((SHM_NEEDED_BYTES >> 30)) GiB"
+    return 0
+  fi
+  if [ "$SHM_NEEDED_BYTES" -le "$limit" ]; then
+    mount -o "remount,size=$SHM_NEEDED_BYTES" "$shm"
+    log "$shm grown from $((size >> 30)) GiB to $((SHM_NEEDED_BYTES >> 30)) GiB (host RAM $((total >> 30)) GiB)"
+    return 0
+  fi
+  log "$SHM_KEY: $shm must hold $((SHM_NEEDED_BYTES >> 30)) GiB but is $((size >> 30)) GiB and this host's $((total >> 30)) GiB of RAM allow at most $((limit >> 30)) GiB; lower $SHM_KEY or use a host with more RAM" >&2
+  exit 1
+}
+
 gcs_exists() {
   gcloud storage ls "$1" >/dev/null 2>&1
 }
@@ -210,6 +236,7 @@ main() {
   ensure_python
   ensure_venv
   write_env "GEMMA4_WORKER=$worker"
+  ensure_shm
   ensure_base_model "$worker"
   finish
 }
