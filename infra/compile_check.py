@@ -236,6 +236,7 @@ class ResultCache:
         fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
         with os.fdopen(fd, "w") as handle:
             json.dump(payload, handle, indent=1, sort_keys=True)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep a committed result from other users
         os.replace(tmp, self._path(key, result.layers))
 
 
