@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import re
 from typing import Annotated, Any, Literal
 
 import pydantic
@@ -51,35 +50,24 @@ the layer's input and recomputes the layer (least HBM, one extra forward); "dots
 outputs of the weight matmuls and recomputes the rest (attention scores, norms, activation
 functions); "none" keeps everything (no recompute, most HBM). true/false mean full/none."""
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-}
+_BYTE_SIZE = pydantic.TypeAdapter(pydantic.ByteSize)
 
 
 def parse_size(text: str | int) -> int:
-    """`"5GB"` -> 5_000_000_000, `"512MiB"` -> 536_870_912; ints pass through.
+    """`"5GB"` -> 5_000_000_000, `"512MiB"` -> 536_870_912; ints pass through (pydantic's
+    ByteSize: decimal and binary units, case-insensitive).
 
     Raises:
         ValueError: on anything else, naming the value and the accepted form.
     """
     if isinstance(text, int):
         return text
-    match = _SIZE_RE.match(str(text))
-    if not match:
+    try:
+        return int(_BYTE_SIZE.validate_python(str(text)))
+    except pydantic.ValidationError:
         raise ValueError(
             f"size {text!r} is not a number with an optional unit (B, KB, MB, GB, MiB, GiB)"
-        )
-    number, unit = match.groups()
-    return int(float(number) * _SIZE_UNITS[(unit or "B").upper()])
+        ) from None
 
 
 # Validation context key: set by `load`, which resolves relative local paths (module docstring).

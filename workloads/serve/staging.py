@@ -27,7 +27,6 @@ INDEX = "model.safetensors.index.json"
 METADATA = "merge_metadata.json"
 MARKERS = (INDEX, METADATA)
 STAMP = ".staged.json"
-_CHUNK = 8 * 2**20
 
 
 class StagingError(errors.UserError):
@@ -148,11 +147,8 @@ def read_metadata(model_dir: str) -> dict[str, dict[str, Any]]:
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def parallel_map(fn: Callable[[str], Any], items: Iterable[str], workers: int) -> dict[str, Any]:
