@@ -39,11 +39,14 @@ class ConfigError(Exception):
 
 
 class _Section(pydantic.BaseModel):
+    # No key takes an empty string or a non-finite number: each would only fail on the VM.
     model_config = pydantic.ConfigDict(
         extra="forbid",
         frozen=True,
         alias_generator=to_camel,
         validate_default=True,
+        allow_inf_nan=False,
+        str_min_length=1,
     )
 
 

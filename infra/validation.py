@@ -536,6 +536,43 @@ def rule_hf_token(cfg: StackConfig, has_hf_token: bool | None) -> list[str]:
     return []
 
 
+SSH_PORT = 22
+
+
+def rule_serving_requests(cfg: StackConfig) -> list[str]:
+    """What the serving VM's own eval and benchmark will send fits what vLLM is started with,
+    and the API port is not SSH's."""
+    if not cfg.serving.enabled:
+        return []
+    serving = cfg.serving
+    problems = []
+    if serving.port == SSH_PORT:
+        problems.append(
+            f"serving.port: {serving.port}: is SSH's port on the TPU VM; use another (default 8000)"
+        )
+    eval_section = cfg.serving.eval
+    ks = runconfig.EvalSection.model_fields["ks"].default
+    if eval_section.enabled and eval_section.n < max(ks):
+        problems.append(
+            f"serving.eval.n: {eval_section.n}: pass@{max(ks)} needs at least {max(ks)} samples "
+            "per problem"
+        )
+    if eval_section.enabled and eval_section.max_tokens >= serving.max_model_len:
+        problems.append(
+            f"serving.eval.maxTokens: {eval_section.max_tokens}: leaves no room for the prompt "
+            f"in serving.maxModelLen {serving.max_model_len}"
+        )
+    shapes = runconfig.BenchSection.model_fields["shapes"].default
+    longest = max(i + o for i, o in shapes)
+    if serving.bench.enabled and longest > serving.max_model_len:
+        problems.append(
+            f"serving.maxModelLen: {serving.max_model_len}: the benchmark sweep sends requests "
+            f"of up to {longest} tokens (input + output); raise it to {longest} or set "
+            "serving.bench.enabled false"
+        )
+    return problems
+
+
 RULES: tuple[Rule, ...] = (
     rule_names,
     rule_slices,
@@ -547,6 +584,7 @@ RULES: tuple[Rule, ...] = (
     rule_merge,
     rule_serving_tp,
     rule_serving_image,
+    rule_serving_requests,
     rule_memory,
     rule_network,
 )

@@ -85,7 +85,10 @@ ConfigPath = Annotated[str, pydantic.AfterValidator(_resolve_when_loading)]
 
 
 class _Section(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # inf/nan would reach the optimizer or the sampler; an empty string is never a valid value.
+    model_config = pydantic.ConfigDict(
+        extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False, str_min_length=1
+    )
 
 
 class ModelSection(_Section):
@@ -325,7 +328,8 @@ class BenchSection(_Section):
         ((512, 256), (1024, 512), (4096, 512), (8192, 512), (15360, 512)),
         description="(input_len, output_len) pairs (the paper's).",
     )
-    request_rates: tuple[float, ...] = pydantic.Field(
+    # inf is vLLM's "all at once" (a burst); nan is refused by the check below.
+    request_rates: tuple[Annotated[float, pydantic.AllowInfNan(True)], ...] = pydantic.Field(
         (1, 2, 4, 8, 16, 32, 64, float("inf")), description="Requests per second; inf = burst."
     )
     num_prompts: int = pydantic.Field(200, ge=1, description="Prompts per sweep point.")

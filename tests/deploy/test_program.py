@@ -135,7 +135,7 @@ def test_a_serving_change_does_not_redeploy_the_training_vm() -> None:
 
     mapping = pulumi_mocks.stack_file_config("prod")
     before = deployment_inputs(mapping)
-    mapping["serving"] = {**mapping["serving"], "maxModelLen": 8192, "port": 8080}
+    mapping["serving"] = {**mapping["serving"], "maxModelLen": 16000, "port": 8080}
     after = deployment_inputs(mapping)
 
     provider = deployment.WorkloadDeploymentProvider()

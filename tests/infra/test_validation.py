@@ -307,6 +307,59 @@ CASES = [
         True,
         "training.maxStep: unknown key (did you mean maxSteps?): allowed keys here are accelerator",
     ),
+    # Non-finite numbers: every float key of the schema refuses them (the model's config).
+    (
+        "infinite-learning-rate",
+        DEV,
+        {"training": {"learningRate": float("inf")}},
+        True,
+        "training.learningRate: inf: Input should be a finite number",
+    ),
+    (
+        "nan-dropout",
+        DEV,
+        {"lora": {"dropout": float("nan")}},
+        True,
+        "lora.dropout: nan: Input should be a finite number",
+    ),
+    # Empty strings: no key takes one.
+    ("empty-network", DEV, {"network": ""}, True, "network: '': String should have at least 1"),
+    (
+        "empty-served-model-name",
+        PROD,
+        {"serving": {"servedModelName": ""}},
+        True,
+        "serving.servedModelName: '': String should have at least 1 character",
+    ),
+    # Cross-section: what the serving VM's own eval and bench send vs what vLLM is started with.
+    (
+        "serving-port-is-ssh",
+        PROD,
+        {"serving": {"port": 22}},
+        True,
+        "serving.port: 22: is SSH's port on the TPU VM",
+    ),
+    (
+        "too-few-samples-for-pass-at-5",
+        PROD,
+        {"serving": {"eval": {"n": 3}}},
+        True,
+        "serving.eval.n: 3: pass@5 needs at least 5 samples per problem",
+    ),
+    (
+        "context-shorter-than-the-benchmark",
+        PROD,
+        {"serving": {"maxModelLen": 8192}},
+        True,
+        "serving.maxModelLen: 8192: the benchmark sweep sends requests of up to 15872 tokens",
+    ),
+    (
+        "eval-output-fills-the-context",
+        PROD,
+        {"serving": {"maxModelLen": 16384, "eval": {"maxTokens": 16384}}},
+        True,
+        "serving.eval.maxTokens: 16384: leaves no room for the prompt in serving.maxModelLen",
+    ),
 ]
 
 
