@@ -537,6 +537,24 @@ def rule_hf_token(cfg: StackConfig, has_hf_token: bool | None) -> list[str]:
 
 
 SSH_PORT = 22
+# gs://bucket/object: a bucket name is 3-63 of [a-z0-9-_.], starting and ending alphanumeric.
+_GS_URL = re.compile(r"^gs://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]/[^\s]+[^/\s]$")
+
+
+def rule_dataset(cfg: StackConfig) -> list[str]:
+    """The training VM reads its data from GCS: a path on this machine, or a malformed URL,
+    would fail only on the VM, after the model is staged."""
+    dataset = cfg.data.dataset
+    if dataset is None or _GS_URL.match(dataset):
+        return []
+    where = f"gs://{cfg.training_bucket_name}/data/codev-r1.jsonl"
+    if not dataset.startswith("gs://"):
+        return [
+            f"data.dataset: {dataset!r}: the TPU VM reads its data from GCS only: upload it "
+            f"(gcloud storage cp FILE {where}) and give its gs:// URL, or leave the key unset "
+            "for that default"
+        ]
+    return [f"data.dataset: {dataset!r}: not a gs://BUCKET/OBJECT URL of a file (e.g. {where})"]
 
 
 def rule_serving_requests(cfg: StackConfig) -> list[str]:
@@ -585,6 +603,7 @@ RULES: tuple[Rule, ...] = (
     rule_serving_tp,
     rule_serving_image,
     rule_serving_requests,
+    rule_dataset,
     rule_memory,
     rule_network,
 )

@@ -354,6 +354,27 @@ CASES = [
         "serving.maxModelLen: 8192: the benchmark sweep sends requests of up to 15872 tokens",
     ),
     (
+        "dataset-on-the-laptop",
+        DEV,
+        {"data": {"dataset": "/home/me/codev_r1.jsonl"}},
+        True,
+        "data.dataset: '/home/me/codev_r1.jsonl': the TPU VM reads its data from GCS only",
+    ),
+    (
+        "dataset-malformed-url",
+        DEV,
+        {"data": {"dataset": "gs://My Bucket/data.jsonl"}},
+        True,
+        "data.dataset: 'gs://My Bucket/data.jsonl': not a gs://BUCKET/OBJECT URL of a file",
+    ),
+    (
+        "dataset-bucket-only",
+        DEV,
+        {"data": {"dataset": "gs://my-bucket/"}},
+        True,
+        "data.dataset: 'gs://my-bucket/': not a gs://BUCKET/OBJECT URL of a file",
+    ),
+    (
         "eval-output-fills-the-context",
         PROD,
         {"serving": {"maxModelLen": 16384, "eval": {"maxTokens": 16384}}},
@@ -402,6 +423,11 @@ def test_valid_variants_pass():
         _merge(PROD, {"serving": {"zone": "us-central1-b", "zoneFallbacks": []}}), has_hf_token=True
     )
     assert cfg.shared_bucket and cfg.serving_bucket_name == cfg.training_bucket_name
+    # Data in any readable bucket.
+    config.parse_stack_config(
+        _merge(DEV, {"data": {"dataset": "gs://my-data_1.example/codev/r1.jsonl"}}),
+        has_hf_token=True,
+    )
     # No token needed when the bucket already holds the model.
     config.parse_stack_config(
         _merge(DEV, {"model": {"downloadFromHub": False}}), has_hf_token=False
