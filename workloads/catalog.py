@@ -46,9 +46,6 @@ class Accelerator:
         hosts: TPU VM workers; every worker runs the same program.
         hbm_bytes_per_chip: accelerator memory per chip (per JAX device).
         host_ram_bytes: RAM of one worker, as Cloud TPU's documentation gives it.
-        shm_bytes: RAM-backed /dev/shm of one worker as it boots, the only place large enough
-            for the weights (the boot disk is 97 GB with ~85 GB used): a tmpfs, which Linux
-            sizes at half the RAM. The startup script grows it up to `shm_limit_bytes`.
         boot_disk_free_bytes: what is left on the boot disk of a fresh worker.
         runtime_version: the TPU software version that works for this generation.
         zones: zones that offer this accelerator type (ordered: preferred first).
@@ -64,7 +61,6 @@ class Accelerator:
     hosts: int
     hbm_bytes_per_chip: int
     host_ram_bytes: int
-    shm_bytes: int
     boot_disk_free_bytes: int
     runtime_version: str
     zones: tuple[str, ...]
@@ -75,6 +71,13 @@ class Accelerator:
     @property
     def devices_per_host(self) -> int:
         return self.jax_devices // self.hosts
+
+    @property
+    def shm_bytes(self) -> int:
+        """RAM-backed /dev/shm of one worker as it boots, the only place large enough for the
+        weights (the boot disk is 97 GB with ~85 GB used): a tmpfs, which Linux sizes at half
+        the RAM. The startup script grows it up to `shm_limit_bytes`."""
+        return int(self.host_ram_bytes * TMPFS_DEFAULT_FRACTION)
 
     @property
     def shm_limit_bytes(self) -> int:
@@ -115,14 +118,12 @@ SHM_MAX_FRACTION = 0.75
 # https://docs.cloud.google.com/tpu/docs/v5p, specifications table: "RAM (GB) (4-chip VM) 448".
 # (The paper's 355 GB of /dev/shm was measured on another host type.)
 _V5P_HOST_RAM = 448 * GB
-_V5P_SHM = int(_V5P_HOST_RAM * TMPFS_DEFAULT_FRACTION)
 _V5P_BOOT_FREE = 12 * GB  # 97 GB disk with ~85 GB used
 _V5P_CHIP_USD = 16.80 / 4  # the paper's v5p-8 on-demand rate, per chip-hour
 _V6E_HBM = 32 * GB  # 31.25 GiB
 # Host RAM of a v6e-8 worker (8 chips on one host): Cloud TPU documentation,
 # https://docs.cloud.google.com/tpu/docs/v6e, system architecture table: "DRAM per host 1536 GiB".
 _V6E_HOST_RAM = 1536 * GIB
-_V6E_SHM = int(_V6E_HOST_RAM * TMPFS_DEFAULT_FRACTION)
 _V6E_CHIP_USD = 21.52 / 8
 
 ACCELERATORS: dict[str, Accelerator] = {
@@ -136,7 +137,6 @@ ACCELERATORS: dict[str, Accelerator] = {
             1,
             _V5P_HBM,
             _V5P_HOST_RAM,
-            _V5P_SHM,
             _V5P_BOOT_FREE,
             "v2-alpha-tpuv5",
             _V5P_ZONES,
@@ -152,7 +152,6 @@ ACCELERATORS: dict[str, Accelerator] = {
             2,
             _V5P_HBM,
             _V5P_HOST_RAM,
-            _V5P_SHM,
             _V5P_BOOT_FREE,
             "v2-alpha-tpuv5",
             _V5P_ZONES,
@@ -168,7 +167,6 @@ ACCELERATORS: dict[str, Accelerator] = {
             4,
             _V5P_HBM,
             _V5P_HOST_RAM,
-            _V5P_SHM,
             _V5P_BOOT_FREE,
             "v2-alpha-tpuv5",
             _V5P_ZONES,
@@ -184,7 +182,6 @@ ACCELERATORS: dict[str, Accelerator] = {
             1,
             _V6E_HBM,
             _V6E_HOST_RAM,
-            _V6E_SHM,
             _V5P_BOOT_FREE,
             "v2-alpha-tpuv6e",
             _V6E_ZONES,
