@@ -2,12 +2,14 @@
 
     .venv/bin/python benchmarks/compile_sweep.py [--depths 6,12] [--stack prod]
 
-For each mesh (fsdp x tp) and micro-batch, the prod stack's 31B LoRA step is compiled for a v5p-8
-with libtpu's compile-only client at reduced depths and extrapolated to 60 layers
-(infra/compile_check.py). Prints a Markdown table: per-chip peak HBM, XLA's estimated time per
-micro-step, and the real tokens/s and MFU it implies for padded rows (the paper's layout) and for
-packed rows. Everything is XLA's cost-model estimate, not a TPU measurement. Results are cached
-in .compile-check/, so a second run prints at once.
+For each attention path (dense mask or splash kernel), mesh (fsdp x tp), micro-batch and remat
+policy in SETTINGS, the prod stack's 31B LoRA step is compiled for a v5p-8 with libtpu's
+compile-only client at reduced depths and extrapolated to 60 layers (infra/compile_check.py).
+Prints a Markdown table: per-chip peak HBM, the estimated time per micro-step (XLA's cost model,
+plus the attention kernels' FLOPs at peak, which XLA does not see), and the real tokens/s and
+MFU it implies for padded rows (the paper's layout) and for packed rows. Everything is an
+estimate, not a TPU measurement. Results are cached in .compile-check/, so a second run prints
+at once.
 """
 
 from __future__ import annotations
@@ -24,27 +26,26 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 from infra import compile_check, config
 from workloads import catalog
 
-# (fsdp, tp, micro-batch, remat): the meshes that multiply to the v5p-8's 4 devices at micro-batch
-# 1 and 2 (a micro-batch must split over fsdp), 4 where only it splits, and the remat policies.
+# (fsdp, tp, micro-batch, remat, attention): tunix's dense-mask attention at the settings chosen
+# before the kernel existed, then the splash kernel over the remat policies, micro-batches and
+# the meshes that multiply to the v5p-8's 4 devices (a micro-batch must split over fsdp).
 SETTINGS = (
-    (1, 4, 1, "full"),
-    (1, 4, 1, "dots"),
-    (1, 4, 1, "none"),
-    (1, 4, 2, "full"),
-    (1, 4, 2, "dots"),
-    (1, 4, 2, "none"),
-    (2, 2, 1, "full"),
-    (2, 2, 2, "full"),
-    (2, 2, 2, "dots"),
-    (2, 2, 2, "none"),
-    (4, 1, 1, "full"),
-    (4, 1, 2, "full"),
-    (4, 1, 4, "full"),
+    (1, 4, 1, "full", "dense"),
+    (1, 4, 2, "none", "dense"),
+    (1, 4, 1, "full", "kernel"),
+    (1, 4, 2, "full", "kernel"),
+    (1, 4, 2, "dots", "kernel"),
+    (1, 4, 2, "none", "kernel"),
+    (1, 4, 4, "dots", "kernel"),
+    (1, 4, 4, "none", "kernel"),
+    (2, 2, 2, "none", "kernel"),
+    (2, 2, 4, "none", "kernel"),
+    (4, 1, 4, "none", "kernel"),
 )
 
 
 def stack_config(
-    stack: str, fsdp: int, tp: int, micro_batch: int, remat: str
+    stack: str, fsdp: int, tp: int, micro_batch: int, remat: str, attention: str
 ) -> config.StackConfig:
     mapping = copy.deepcopy(config.read_stack_file(compile_check.ROOT / f"Pulumi.{stack}.yaml"))
     mapping["training"] = {
@@ -52,17 +53,24 @@ def stack_config(
         "mesh": {"fsdp": fsdp, "tp": tp},
         "microBatch": micro_batch,
         "remat": remat,
+        "attention": attention,
     }
     return config.parse_stack_config(mapping, validate=False)
 
 
 def row(
-    stack: str, fsdp: int, tp: int, micro_batch: int, remat: str, depths: tuple[int, ...]
+    stack: str,
+    fsdp: int,
+    tp: int,
+    micro_batch: int,
+    remat: str,
+    attention: str,
+    depths: tuple[int, ...],
 ) -> str:
-    head = f"| {fsdp} | {tp} | {micro_batch} | {remat} |"
+    head = f"| {attention} | {fsdp} | {tp} | {micro_batch} | {remat} |"
     if micro_batch % fsdp:
         return f"{head} n/a: {micro_batch} row(s) cannot split over fsdp={fsdp} | | | | |"
-    cfg = stack_config(stack, fsdp, tp, micro_batch, remat)
+    cfg = stack_config(stack, fsdp, tp, micro_batch, remat, attention)
     est = compile_check.check(
         stack,
         cfg,
@@ -98,10 +106,11 @@ def main() -> int:
         f"(paper, measured: {catalog.PAPER.train_tokens_per_s_tpu:,.0f} real tokens/s)\n"
     )
     print(
-        "| fsdp | tp | micro-batch | remat | peak HBM per chip | est. s per micro-step | "
-        "est. computed tok/s | est. real tok/s (MFU), padded | est. real tok/s (MFU), packed |"
+        "| attention | fsdp | tp | micro-batch | remat | peak HBM per chip | "
+        "est. s per micro-step | est. computed tok/s | est. real tok/s (MFU), padded | "
+        "est. real tok/s (MFU), packed |"
     )
-    print("|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
     for setting in chosen:
         print(row(args.stack, *setting, depths), flush=True)
     return 0

@@ -213,6 +213,12 @@ class TrainingSection(_Section):
         "HBM), dots (keeps weight-matmul outputs), none (fastest, most HBM); true/false = "
         "full/none. `python -m infra.preflight --compile` shows what fits.",
     )
+    attention: runconfig.AttentionPath = _field(
+        "kernel",
+        description="How packed rows reach attention on the TPU: kernel (JAX's splash attention "
+        "with segment ids: no [rows, L, L] mask or scores in HBM) or dense (tunix's mask path, "
+        "for comparison).",
+    )
     save_every: int = _field(100, ge=1, description="Checkpoint every N optimizer steps.")
     keep_checkpoints: int = _field(3, ge=1, description="Checkpoints kept.")
     log_every: int = _field(1, ge=1, description="Log metrics every N steps.")

@@ -89,6 +89,7 @@ def render_run_config(cfg: config_mod.StackConfig) -> runconfig.RunConfig:
             "warmup_steps": t.warmup_steps,
             "mesh": {"fsdp": t.mesh.fsdp, "tp": t.mesh.tp},
             "remat": t.remat,
+            "attention": t.attention,
             "save_every": t.save_every,
             "keep_checkpoints": t.keep_checkpoints,
             "log_every": t.log_every,

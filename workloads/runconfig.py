@@ -44,6 +44,11 @@ def _remat_from_bool(value: Any) -> Any:
     return value
 
 
+AttentionPath = Literal["kernel", "dense"]
+"""How packed rows reach attention on a TPU: "kernel" = JAX's splash attention kernel with segment
+ids (workloads.train.packed_attention); "dense" = tunix's dense [rows, L, L] mask. Off TPU the
+dense path is always used."""
+
 RematPolicy = Annotated[Literal["full", "dots", "none"], pydantic.BeforeValidator(_remat_from_bool)]
 """What the backward pass keeps of each decoder layer's forward pass: "full" remat keeps only
 the layer's input and recomputes the layer (least HBM, one extra forward); "dots" keeps the
@@ -203,6 +208,9 @@ class TrainSection(_Section):
         "full",
         description="Per-decoder-layer rematerialisation: full | dots | none (true = full, "
         "false = none); see RematPolicy.",
+    )
+    attention: AttentionPath = pydantic.Field(
+        "kernel", description="Packed-row attention on TPU: kernel | dense; see AttentionPath."
     )
     save_every: int = pydantic.Field(100, ge=1, description="Checkpoint every N optimizer steps.")
     keep_checkpoints: int = pydantic.Field(

@@ -36,6 +36,8 @@ def _depth(layers: int, *, base_gib: float = 4.0, per_layer_gib: float = 0.5, er
         "flops": 1e12 + 3e12 * layers,
         "bytes_accessed": 1e9 * layers,
         "optimal_seconds": 0.01 + 0.01 * layers,
+        "kernel_flops": 1e11 * layers,
+        "kernel_seconds": 0.001 * layers,
     }
     return compile_check.DepthResult(layers, figures, 1.0)
 
@@ -104,7 +106,12 @@ def test_results_are_cached_by_every_input(tmp_path):
     est = compile_check.check("prod", _cfg(), compile_fn=again, cache=cache)
     assert again.calls == [] and est is not None
     # Any setting of the step is part of the key: it compiles again.
-    for changed in ({"microBatch": 4}, {"remat": "dots"}, {"mesh": {"fsdp": 2, "tp": 2}}):
+    for changed in (
+        {"microBatch": 4},
+        {"remat": "dots"},
+        {"mesh": {"fsdp": 2, "tp": 2}},
+        {"attention": "dense"},
+    ):
         other = FakeCompiler()
         compile_check.check("prod", _cfg(**changed), compile_fn=other, cache=cache)
         assert other.calls == [6, 12, 18], changed
@@ -255,6 +262,13 @@ def test_the_stack_step_compiles_for_a_v5p8_without_a_tpu(stack):
     assert passes * forward < result.figures["flops"] < (passes + 0.5) * forward
     assert 0 < result.figures["optimal_seconds"] < 1.0
     assert result.peak_bytes < catalog.accelerator("v5p-8").hbm_bytes_per_chip
+    # Packed rows go through the splash kernel, whose FLOPs XLA cannot see and the check adds:
+    # forward (2 matmuls) + backward (5) over the visited blocks, the same order as causal
+    # attention over 3072 tokens at the local head size in every layer (the global layers' larger
+    # heads and the sliding layers' band roughly cancel).
+    assert cfg.training.attention == "kernel"
+    causal = 2 * 3072 * 3072 * spec.head_dim * (spec.num_heads / 4) * cfg.training.micro_batch
+    assert 0.5 < result.figures["kernel_flops"] / (6 * causal * 7 / 2) < 2.0
 
 
 def test_an_oversized_step_is_reported_as_not_fitting(tmp_path, monkeypatch, capsys):

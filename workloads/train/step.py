@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import flax.struct
 
 from workloads import runconfig
-from workloads.train import checkpoints
+from workloads.train import checkpoints, packed_attention
 
 if TYPE_CHECKING:
     import jax
@@ -62,13 +62,25 @@ def model_inputs(batch: PackedInput) -> dict[str, jax.Array]:
 
 
 def token_nll(
-    model: nnx.Module, input_tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array
+    model: nnx.Module,
+    input_tokens: jax.Array,
+    positions: jax.Array,
+    attention_mask: jax.Array,
+    segment_ids: jax.Array | None = None,
 ) -> jax.Array:
-    """[B, T-1] float32: -log p(token t+1 | tokens <= t) under the model, at every position."""
+    """[B, T-1] float32: -log p(token t+1 | tokens <= t) under the model, at every position.
+
+    With `segment_ids`, attention layers swapped by `packed_attention.use_kernel` run the kernel
+    on them (the dense mask then goes unused and XLA drops it); other layers use the mask.
+    """
     import jax
     import jax.numpy as jnp
 
-    logits, _ = model(input_tokens, positions, None, attention_mask)
+    if segment_ids is None:
+        logits, _ = model(input_tokens, positions, None, attention_mask)
+    else:
+        with packed_attention.packed_rows(segment_ids):
+            logits, _ = model(input_tokens, positions, None, attention_mask)
     logits = logits[:, :-1].astype(jnp.float32)
     targets = input_tokens[:, 1:]
     # A gather instead of a one-hot over the vocabulary: [B, T, 262144] would not fit for 31B.
@@ -87,7 +99,7 @@ def loss_fn(
     """Mean NLL over predicted tokens; aux counts the real (non-padding) tokens of the batch."""
     import jax.numpy as jnp
 
-    nll = token_nll(model, input_tokens, positions, attention_mask)
+    nll = token_nll(model, input_tokens, positions, attention_mask, segment_ids)
     weights = input_mask[:, 1:].astype(jnp.float32)
     loss = jnp.sum(nll * weights) / jnp.maximum(jnp.sum(weights), 1.0)
     return loss, {"real_tokens": jnp.sum(segment_ids != 0)}

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from workloads import adapter_meta, catalog, errors, runconfig, storage
 from workloads import model as model_lib
-from workloads.train import checkpoints, step
+from workloads.train import checkpoints, packed_attention, step
 from workloads.train import lora as lora_lib
 from workloads.train import metrics as metrics_lib
 from workloads.train import stream as stream_lib
@@ -132,7 +132,17 @@ def build_lora_model(
     base_params = model_lib.parameter_count(base)
     model = lora_lib.apply_lora(base, cfg.lora, mesh=mesh, seed=cfg.data.seed)
     model_lib.set_remat(model, cfg.train.remat)
+    if uses_kernel(cfg, mesh):
+        packed_attention.use_kernel(model)
     return model, base_params
+
+
+def uses_kernel(cfg: runconfig.RunConfig, mesh: jax.sharding.Mesh) -> bool:
+    """Packed rows go through the splash attention kernel on a TPU (unless train.attention is
+    "dense"); elsewhere (the CPU demo and tests) through tunix's dense-mask attention, the
+    reference the kernel is tested against."""
+    on_tpu = bool(mesh.devices.size) and mesh.devices.flat[0].platform == "tpu"
+    return on_tpu and cfg.train.attention == "kernel"
 
 
 class _StepMetrics:
@@ -318,6 +328,11 @@ def _set_up(
     log(
         f"model: {base_params:,} base parameters, {lora_params:,} LoRA parameters (rank "
         f"{cfg.lora.rank}, alpha {cfg.lora.alpha:g}, targets {', '.join(cfg.lora.targets)})"
+    )
+    log(
+        "attention: packed rows through the splash kernel (segment ids)"
+        if uses_kernel(cfg, mesh)
+        else "attention: dense segment mask (no TPU: the kernel's reference path)"
     )
     primary = jax.process_index() == 0
     if primary and not has_meta:
