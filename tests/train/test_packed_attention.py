@@ -115,18 +115,22 @@ def lora_model(config_for, tiny_model_dir, tmp_path_factory):
     return model, mesh
 
 
-def test_kernel_path_gives_the_dense_paths_losses_and_lora_gradients(lora_model):
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_kernel_path_gives_the_dense_paths_losses_and_lora_gradients(lora_model, remat):
     """Per-token losses on every predicted token and every LoRA gradient of the step's loss
     agree between tunix's dense-mask attention and the kernel, on packed rows whose samples are
-    longer than the sliding window and cross the kernel's blocks."""
+    longer than the sliding window and cross the kernel's blocks; also with each decoder layer
+    rematerialised (the kernel then runs again in the backward pass)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
     from tunix.models.gemma4 import model as gemma4_model
 
+    from workloads import model as model_lib
     from workloads.train import lora, packed_attention, step
 
     model, mesh = lora_model
+    model_lib.set_remat(model, remat)
     segments = packed_segments()
     rng = np.random.default_rng(1)
     tokens = jnp.asarray(rng.integers(3, 200, segments.shape), jnp.int32)
