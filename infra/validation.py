@@ -33,6 +33,20 @@ _LINUX_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 _SSH_KEY_TYPE_RE = re.compile(
     r"^(ssh-(ed25519|rsa|dss)|ecdsa-sha2-nistp(256|384|521)|sk-[a-z0-9@.-]+)$"
 )
+# A VPC network or subnetwork: its name, or its path/URL in another project (shared VPC).
+_NETWORK_RE = re.compile(
+    r"^((https://www\.googleapis\.com/compute/v1/)?projects/[a-z][a-z0-9-]{4,28}[a-z0-9]/"
+    r"global/networks/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
+)
+_SUBNETWORK_RE = re.compile(
+    r"^((https://www\.googleapis\.com/compute/v1/)?projects/[a-z][a-z0-9-]{4,28}[a-z0-9]/"
+    r"regions/[a-z]+-[a-z]+[0-9]+/subnetworks/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
+)
+# Hugging Face repository ids: owner/name, letters, digits, '.', '_', '-' (at most 96 each).
+_HF_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+# The served model name: what clients send as "model" and vLLM's --served-model-name (no spaces,
+# nothing a shell or URL would read specially).
+_SERVED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
 _ANYWHERE = (ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))
 
 # Memory estimates (see training_hbm_bytes / serving_hbm_bytes).
@@ -120,6 +134,33 @@ def rule_names(cfg: StackConfig) -> list[str]:
     if not _LINUX_USER_RE.match(cfg.ssh.user):
         problems.append(
             f"ssh.user: {cfg.ssh.user!r}: a Linux user name: lower-case letters, digits, _ and -"
+        )
+    return problems
+
+
+def rule_references(cfg: StackConfig) -> list[str]:
+    """Names of things outside the stack that it refers to: the VPC network and subnetwork, the
+    Hugging Face repository, and the model name clients ask vLLM for."""
+    problems = []
+    if not _NETWORK_RE.match(cfg.network):
+        problems.append(
+            f"network: {cfg.network!r}: a VPC network name (lower-case letters, digits and "
+            "dashes, starting with a letter, at most 63) or projects/<id>/global/networks/<name>"
+        )
+    if cfg.subnetwork is not None and not _SUBNETWORK_RE.match(cfg.subnetwork):
+        problems.append(
+            f"subnetwork: {cfg.subnetwork!r}: a subnetwork name (lower-case letters, digits and "
+            "dashes, starting with a letter) or projects/<id>/regions/<region>/subnetworks/<name>"
+        )
+    if cfg.model.hf_id is not None and not _HF_REPO_RE.match(cfg.model.hf_id):
+        problems.append(
+            f"model.hfId: {cfg.model.hf_id!r}: a Hugging Face repository id, owner/name "
+            "(letters, digits, '.', '_' and '-'), e.g. google/gemma-4-31B-it"
+        )
+    if not _SERVED_NAME_RE.match(cfg.serving.served_model_name):
+        problems.append(
+            f"serving.servedModelName: {cfg.serving.served_model_name!r}: 1-128 letters, digits, "
+            "'.', '_', '-' and '/', starting with a letter or digit (clients send it as the model)"
         )
     return problems
 
@@ -309,11 +350,12 @@ def rule_serving_tp(cfg: StackConfig) -> list[str]:
 
 
 def rule_serving_image(cfg: StackConfig) -> list[str]:
-    """The vLLM TPU image can load Gemma 4: official release tags at or above the catalog's floor,
-    nightlies from the day the model landed; digests and other repositories pass unchecked."""
+    """The serving image is a pinned, well-formed reference that can load Gemma 4: official
+    release tags at or above the catalog's floor, nightlies from the day the model landed;
+    digests and other repositories pass that last check unjudged."""
     if not cfg.serving.enabled:
         return []
-    problem = catalog.vllm_tpu_image_problem(cfg.serving.image)
+    problem = catalog.serving_image_problem(cfg.serving.image)
     return [f"serving.image: {cfg.serving.image!r}: {problem}"] if problem else []
 
 
@@ -342,7 +384,8 @@ def training_hbm_bytes(cfg: StackConfig) -> int:
     weights / (fsdp * tp)                             bf16 base weights, sharded over the mesh
     + LoRA params * 16 B                              param, grad, 2 AdamW moments (replicated)
     + rows * T * D * 2 B * layers                     layer inputs kept by per-layer remat
-    + rows * (N / tp) * T * T * 4 B                   one layer's f32 attention scores
+    + rows * (N / tp) * T * T * 4 B                   one layer's f32 attention scores (dense
+                                                      attention only: the kernel keeps none)
     + rows * T * (F / tp) * 2 B * 3                   one layer's MLP activations
     + rows * T * V * 4 B * 2                          f32 logits and their gradient
     times 1.10, plus 1 GiB of runtime reserve. rows = microBatch / fsdp.
@@ -363,6 +406,8 @@ def training_hbm_bytes(cfg: StackConfig) -> int:
     if cfg.training.remat != "full":  # "dots" keeps most of what "none" keeps
         saved *= NO_REMAT_FACTOR
     attention = rows * (model.num_heads / mesh.tp) * t * t * 4
+    if cfg.training.attention == "kernel":
+        attention = 0
     mlp = rows * t * (model.mlp_dim / mesh.tp) * 2 * 3
     logits = rows * t * model.vocab_size * 4 * 2
     return int(
@@ -593,6 +638,7 @@ def rule_serving_requests(cfg: StackConfig) -> list[str]:
 
 RULES: tuple[Rule, ...] = (
     rule_names,
+    rule_references,
     rule_slices,
     rule_bucket_regions,
     rule_model,

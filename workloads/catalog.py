@@ -319,6 +319,34 @@ _NIGHTLY_TAG_RE = re.compile(r"^nightly-(\d{8})(?:-.*)?$")
 _DOCKER_HUB_PREFIXES = ("docker.io/", "index.docker.io/", "registry-1.docker.io/")
 
 
+# A container image reference: [registry[:port]/]path[:tag][@sha256:digest] (the OCI grammar:
+# the first component is a registry only with a dot, a port or as localhost; the repository path
+# is lower case).
+_IMAGE_RE = re.compile(
+    r"^(?:(?:localhost|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+)(?::[0-9]+)?/|[A-Za-z0-9-]+:[0-9]+/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$"
+)
+
+
+def serving_image_problem(image: str) -> str | None:
+    """Why `image` cannot be the serving container, with what is allowed; None when it can: a
+    well-formed reference, pinned (a tag other than latest, or a digest), and able to load
+    Gemma 4 (vllm_tpu_image_problem)."""
+    if not _IMAGE_RE.match(image):
+        return (
+            "not a container image reference ([registry/]repository[:tag][@sha256:digest], "
+            f"lower-case repository), e.g. {VLLM_TPU_IMAGE}"
+        )
+    name = image.split("@", 1)[0].rsplit("/", 1)[-1]
+    if "@sha256:" not in image and (":" not in name or name.endswith(":latest")):
+        return (
+            f"not pinned: give a tag other than latest ({VLLM_TPU_IMAGE}) or a digest "
+            "(...@sha256:...)"
+        )
+    return vllm_tpu_image_problem(image)
+
+
 def vllm_tpu_image_problem(image: str) -> str | None:
     """Why `image` cannot serve Gemma 4, with what is allowed; None when it can or cannot be told.
 

@@ -317,13 +317,7 @@ class ServeSection(_Section):
     @pydantic.field_validator("image")
     @classmethod
     def _pinned_image(cls, value: str) -> str:
-        name = value.split("@", 1)[0].rsplit("/", 1)[-1]
-        if "@sha256:" not in value and (":" not in name or name.endswith(":latest")):
-            raise ValueError(
-                f"image {value!r} is not pinned: give a tag other than latest "
-                f"({catalog.VLLM_TPU_IMAGE}) or a digest (...@sha256:...)"
-            )
-        problem = catalog.vllm_tpu_image_problem(value)
+        problem = catalog.serving_image_problem(value)
         if problem:
             raise ValueError(f"image {value!r}: {problem}")
         return value

@@ -381,6 +381,69 @@ CASES = [
         True,
         "serving.eval.maxTokens: 16384: leaves no room for the prompt in serving.maxModelLen",
     ),
+    (
+        "network-name-with-spaces",
+        DEV,
+        {"network": "my network"},
+        True,
+        "network: 'my network': a VPC network name",
+    ),
+    (
+        "network-json-text",
+        DEV,
+        {"network": '{"nested": 1}'},
+        True,
+        "network: '{\"nested\": 1}': a VPC network name",
+    ),
+    (
+        "subnetwork-upper-case",
+        DEV,
+        {"subnetwork": "Sub_A"},
+        True,
+        "subnetwork: 'Sub_A': a subnetwork name",
+    ),
+    (
+        "hf-id-without-owner",
+        DEV,
+        {"model": {"hfId": "gemma-4-31B-it"}},
+        True,
+        "model.hfId: 'gemma-4-31B-it': a Hugging Face repository id, owner/name",
+    ),
+    (
+        "served-name-shell-metacharacters",
+        PROD,
+        {"serving": {"servedModelName": "gemma; rm -rf ~"}},
+        True,
+        "serving.servedModelName: 'gemma; rm -rf ~': 1-128 letters",
+    ),
+    (
+        "image-blank",
+        PROD,
+        {"serving": {"image": " "}},
+        True,
+        "serving.image: ' ': not a container image reference",
+    ),
+    (
+        "image-upper-case-repository",
+        PROD,
+        {"serving": {"image": "VLLM/vllm-tpu:v0.21.0"}},
+        True,
+        "serving.image: 'VLLM/vllm-tpu:v0.21.0': not a container image reference",
+    ),
+    (
+        "image-truncated-digest",
+        PROD,
+        {"serving": {"image": "vllm/vllm-tpu@sha256:abc"}},
+        True,
+        "serving.image: 'vllm/vllm-tpu@sha256:abc': not a container image reference",
+    ),
+    (
+        "image-unpinned",
+        PROD,
+        {"serving": {"image": "vllm/vllm-tpu:latest"}},
+        True,
+        "serving.image: 'vllm/vllm-tpu:latest': not pinned",
+    ),
 ]
 
 
@@ -432,6 +495,26 @@ def test_valid_variants_pass():
     config.parse_stack_config(
         _merge(DEV, {"model": {"downloadFromHub": False}}), has_hf_token=False
     )
+    # A shared VPC by path, a subnetwork by URL, an org's model fork, a served name with a slash,
+    # an image in another registry with a port, a digest-pinned image.
+    config.parse_stack_config(
+        _merge(
+            PROD,
+            {
+                "network": "projects/host-project-1/global/networks/shared-vpc",
+                "subnetwork": "https://www.googleapis.com/compute/v1/projects/host-project-1/"
+                "regions/us-central1/subnetworks/tpu-subnet",
+                "model": {"hfId": "acme-ai/gemma-4-31B-it.v2"},
+                "serving": {"servedModelName": "acme/gemma-4-31b-verilog_v1"},
+            },
+        ),
+        has_hf_token=True,
+    )
+    for image in (
+        "registry.example.com:5000/ml/vllm-tpu:2026-11-01",
+        "us-docker.pkg.dev/acme/ml/vllm-tpu@sha256:" + "0a" * 32,
+    ):
+        config.parse_stack_config(_merge(PROD, {"serving": {"image": image}}), has_hf_token=True)
 
 
 @pytest.mark.parametrize(

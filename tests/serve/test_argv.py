@@ -63,7 +63,7 @@ def test_hub_model_gets_the_token_by_name_only_and_no_offline_mode(monkeypatch):
         port=8100,
         tensor_parallel_size=4,
         max_model_len=8192,
-        image="vllm/vllm-tpu@sha256:abc123",
+        image="vllm/vllm-tpu@sha256:" + "abc123" * 10 + "abcd",
         extra_args=("--max-num-seqs", "128"),
     )
     source = argv.model_source(serve)
@@ -92,7 +92,7 @@ def test_hub_model_gets_the_token_by_name_only_and_no_offline_mode(monkeypatch):
         "HF_HOME=/dev/shm/huggingface",
         "--entrypoint",
         "vllm",
-        "vllm/vllm-tpu@sha256:abc123",
+        "vllm/vllm-tpu@sha256:" + "abc123" * 10 + "abcd",
         "serve",
         "google/gemma-4-31B-it",
         "--served-model-name",

@@ -1,0 +1,375 @@
+"""The stack-config reference (`docs/config.md`), generated from the schema and the rules.
+
+    .venv/bin/python -m infra.config_reference            # rewrite docs/config.md
+    .venv/bin/python -m infra.config_reference --check    # exit 1 when it is out of date
+
+Every key comes from the pydantic model (`infra.config.StackConfig`): its camelCase path as users
+type it, type, default, the range or values the model allows and its description. "Checked by"
+lists the rules of `infra.validation` that read the key, found by reading the rules' code: each
+attribute path a rule takes from the config (directly, through a local name, through a helper
+it passes the config to, or through a StackConfig property) is a key it reads. The same walk
+drives the schema's property test (tests/infra/test_config_fuzz.py), so a new key is documented
+and fuzzed without anyone listing it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import enum
+import functools
+import inspect
+import pathlib
+import sys
+import textwrap
+import types
+import typing
+from collections.abc import Iterator
+from typing import Any
+
+import pydantic
+
+from infra import config as config_mod
+from infra import validation
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "config.md"
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    """One leaf key of the stack config.
+
+    Attributes:
+        path: as users type it (`training.mesh.tp`).
+        attrs: the attribute names on the model (`("training", "mesh", "tp")`).
+        annotation: the field's type (Optional/Literal/tuple as declared).
+        field: pydantic's FieldInfo (default, description, constraints).
+    """
+
+    path: str
+    attrs: tuple[str, ...]
+    annotation: Any
+    field: Any
+
+    @property
+    def required(self) -> bool:
+        return bool(self.field.is_required())
+
+    @property
+    def default(self) -> Any:
+        if self.field.default_factory is not None:
+            return self.field.default_factory()
+        return None if self.required else self.field.default
+
+    @property
+    def nullable(self) -> bool:
+        return type(None) in typing.get_args(self.annotation)
+
+    @property
+    def base(self) -> Any:
+        """The annotation without `| None`."""
+        args = [a for a in typing.get_args(self.annotation) if a is not type(None)]
+        if _is_union(self.annotation) and len(args) == 1:
+            return args[0]
+        return self.annotation
+
+    @property
+    def choices(self) -> tuple[Any, ...] | None:
+        """The allowed values of a Literal or Enum key, else None."""
+        base = _unannotated(self.base)
+        if typing.get_origin(base) is typing.Literal:
+            return typing.get_args(base)
+        if isinstance(base, type) and issubclass(base, enum.Enum):
+            return tuple(m.value for m in base)
+        return None
+
+    @property
+    def bounds(self) -> dict[str, float]:
+        """Numeric constraints of the model: ge/gt/le/lt."""
+        out = {}
+        for item in self.field.metadata:
+            for name in ("ge", "gt", "le", "lt"):
+                value = getattr(item, name, None)
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    out[name] = value
+        return out
+
+
+def _is_union(annotation: Any) -> bool:
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType)
+
+
+def _unannotated(annotation: Any) -> Any:
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return annotation
+
+
+def _submodel(annotation: Any) -> type[pydantic.BaseModel] | None:
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, pydantic.BaseModel):
+            return candidate
+    return None
+
+
+def iter_keys(
+    model: type[pydantic.BaseModel] = config_mod.StackConfig,
+    prefix: str = "",
+    attrs: tuple[str, ...] = (),
+) -> Iterator[Key]:
+    """Every leaf key of `model`, depth first in declaration order."""
+    for name, field in model.model_fields.items():
+        path = prefix + (field.alias or name)
+        sub = _submodel(field.annotation)
+        if sub is not None:
+            yield from iter_keys(sub, path + ".", (*attrs, name))
+        else:
+            yield Key(path, (*attrs, name), field.annotation, field)
+
+
+def sections() -> dict[str, type[pydantic.BaseModel]]:
+    """Top-level path -> section model (for headings and their docstrings)."""
+    out: dict[str, type[pydantic.BaseModel]] = {}
+
+    def visit(model: type[pydantic.BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            sub = _submodel(field.annotation)
+            if sub is not None:
+                path = prefix + (field.alias or name)
+                out[path] = sub
+                visit(sub, path + ".")
+
+    visit(config_mod.StackConfig, "")
+    return out
+
+
+# --------------------------------------------------------------------------- rules -> keys
+
+
+def _attribute_chain(node: ast.expr) -> tuple[str, tuple[str, ...]] | None:
+    """`a.b.c` -> ("a", ("b", "c")); None for anything else."""
+    names: list[str] = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return node.id, tuple(reversed(names))
+    return None
+
+
+@functools.cache
+def _module_functions() -> dict[str, ast.FunctionDef]:
+    tree = ast.parse(inspect.getsource(validation))
+    return {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+
+
+@functools.cache
+def _properties() -> dict[str, ast.FunctionDef]:
+    """StackConfig's properties (cfg.training_region and friends), by name."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(config_mod.StackConfig)))
+    cls = tree.body[0]
+    assert isinstance(cls, ast.ClassDef)
+    return {
+        n.name: n
+        for n in cls.body
+        if isinstance(n, ast.FunctionDef)
+        and any(
+            isinstance(d, ast.Name) and d.id in ("property", "cached_property")
+            for d in n.decorator_list
+        )
+    }
+
+
+def _reads(function: ast.FunctionDef, bound: dict[str, tuple[str, ...]], depth: int = 0) -> set:
+    """Attribute paths of the config that `function` reads, with its parameters `bound` to
+    config paths (() = the whole config)."""
+    aliases = dict(bound)
+    found: set[tuple[str, ...]] = set()
+    functions = _module_functions()
+
+    def resolve(node: ast.expr) -> tuple[str, ...] | None:
+        chain = _attribute_chain(node)
+        if chain is None or chain[0] not in aliases:
+            return None
+        return aliases[chain[0]] + chain[1]
+
+    # Only whole chains count (`cfg.training.mesh.tp`, not its `cfg.training` part), and a chain
+    # that only names a local alias (`t = cfg.training`) counts through the alias's uses.
+    inner: set[int] = set()
+    for node in ast.walk(function):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
+            inner.add(id(node.value))
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            path = resolve(node.value)
+            if isinstance(target, ast.Name) and path is not None:
+                aliases[target.id] = path
+                inner.add(id(node.value))
+    for node in ast.walk(function):
+        if isinstance(node, ast.Attribute) and id(node) not in inner:
+            path = resolve(node)
+            if path is not None:
+                found.add(path)
+        elif isinstance(node, ast.Call) and depth < 4:
+            callee = node.func.id if isinstance(node.func, ast.Name) else None
+            if callee in functions:
+                params = [a.arg for a in functions[callee].args.args]
+                passed = {
+                    param: path
+                    for param, arg in zip(params, node.args, strict=False)
+                    if (path := resolve(arg)) is not None
+                }
+                if passed:
+                    found |= _reads(functions[callee], passed, depth + 1)
+    expanded: set[tuple[str, ...]] = set()
+    for path in found:
+        if len(path) >= 1 and path[0] in _properties() and depth < 4:
+            expanded |= _reads(_properties()[path[0]], {"self": ()}, depth + 1)
+        else:
+            expanded.add(path)
+    return expanded
+
+
+@functools.cache
+def rules_by_key() -> dict[str, tuple[str, ...]]:
+    """Key path -> names of the validation rules that read it."""
+    by_attrs = {key.attrs: key.path for key in iter_keys()}
+    out: dict[str, set[str]] = {}
+    rules = [*validation.RULES, validation.rule_hf_token]
+    functions = _module_functions()
+    for rule in rules:
+        function = functions[rule.__name__]
+        config_param = function.args.args[0].arg
+        for path in _reads(function, {config_param: ()}):
+            # A read of a section (or of a leaf's own attribute, like .items()) counts for the
+            # leaf keys under it that the rule could see.
+            for attrs, key in by_attrs.items():
+                if attrs[: len(path)] == path or path[: len(attrs)] == attrs:
+                    out.setdefault(key, set()).add(rule.__name__)
+    return {key: tuple(sorted(names)) for key, names in out.items()}
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _type_name(annotation: Any) -> str:
+    annotation = _unannotated(annotation)
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return " | ".join(f"`{v}`" for v in typing.get_args(annotation))
+    if _is_union(annotation):
+        return " or ".join(_type_name(a) for a in typing.get_args(annotation))
+    if origin in (tuple, list):
+        return f"list of {_type_name(typing.get_args(annotation)[0])}"
+    if origin is dict:
+        key, value = typing.get_args(annotation)
+        return f"map {_type_name(key)} -> {_type_name(value)}"
+    if annotation is type(None):
+        return "null"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _default(key: Key) -> str:
+    if key.required:
+        return "required"
+    value = key.default
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(str(v) for v in value) + "]" if value else "[]"
+    if isinstance(value, dict):
+        return "{}" if not value else str(value)
+    return f"{value}"
+
+
+def _allowed(key: Key) -> str:
+    parts = []
+    names = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+    parts += [f"{names[k]} {v}" for k, v in key.bounds.items()]
+    choices = key.choices
+    if choices:
+        parts.append("one of " + ", ".join(f"`{c}`" for c in choices))
+    return ", ".join(parts)
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def render() -> str:
+    """The whole docs/config.md."""
+    rules = rules_by_key()
+    heads = sections()
+    lines = [
+        "# Stack configuration reference",
+        "",
+        "<!-- Generated by `python -m infra.config_reference` from infra/config.py and "
+        "infra/validation.py; do not edit by hand (a test fails when it is stale). -->",
+        "",
+        "Every key of `Pulumi.<stack>.yaml` under the `gemma4-tpu:` namespace, as you type it "
+        "(`pulumi config set --path gemma4-tpu:training.microBatch 2`). Unknown keys are errors. "
+        "**Allowed** is what the schema itself enforces (a wrong type, an empty string or a "
+        "non-finite number is refused for every key); **checked by** names the rules in "
+        "`infra/validation.py` that read the key and refuse values that do not fit the catalog "
+        "(accelerators, zones, memory) or another key. `pulumi preview` reports every problem "
+        "at once, one line each, before anything is created. The Hugging Face token is the "
+        "secret key `hfToken` (`pulumi config set --secret gemma4-tpu:hfToken hf_...`), never "
+        "part of this schema.",
+        "",
+    ]
+    current = None
+    for key in iter_keys():
+        section = key.path.rsplit(".", 1)[0] if "." in key.path else ""
+        if section != current:
+            current = section
+            if section:
+                doc = inspect.getdoc(heads[section]) or ""
+                lines += ["", f"## `{section}`", "", doc.splitlines()[0] if doc else ""]
+            else:
+                lines += ["## Top level", ""]
+            lines += [
+                "",
+                "| key | type | default | allowed | checked by | meaning |",
+                "|---|---|---|---|---|---|",
+            ]
+        checked = ", ".join(f"`{r}`" for r in rules.get(key.path, ()))
+        lines.append(
+            f"| `{key.path}` | {_cell(_type_name(key.annotation))} | "
+            f"{_cell(_default(key))} | {_cell(_allowed(key))} | {checked} | "
+            f"{_cell(key.field.description or '')} |"
+        )
+    return "\n".join(lines).replace("\n\n\n", "\n\n") + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 if docs/config.md is not what it would be"
+    )
+    args = parser.parse_args(argv)
+    text = render()
+    if args.check:
+        current = DOC.read_text() if DOC.is_file() else ""
+        if current != text:
+            print(
+                f"{DOC.relative_to(ROOT)}: out of date with the schema; run "
+                "`.venv/bin/python -m infra.config_reference` and commit it",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"{DOC.relative_to(ROOT)}: up to date")
+        return 0
+    DOC.parent.mkdir(parents=True, exist_ok=True)
+    tmp = DOC.with_suffix(".md.tmp")
+    tmp.write_text(text)
+    tmp.replace(DOC)
+    print(f"wrote {DOC.relative_to(ROOT)} ({len(text.splitlines())} lines)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
