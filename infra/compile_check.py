@@ -194,13 +194,23 @@ def _sources_digest(root: pathlib.Path = ROOT) -> str:
     return digest.hexdigest()
 
 
+# ModelSpec fields validation reads that never reach the traced step: leaving them out keeps
+# a committed result valid when such a bound is added or corrected.
+_NOT_TRACED = ("max_context",)
+
+
+def _model_payload(name: str) -> dict[str, Any]:
+    fields = dataclasses.asdict(catalog.model(name))
+    return {k: v for k, v in fields.items() if k not in _NOT_TRACED}
+
+
 def cache_key(settings: dict[str, Any]) -> str:
     """A hash of every input of the compiled step except the depth."""
     accelerator = catalog.accelerator(settings["accelerator"])
     payload = {
         "settings": settings,
         "topology": dataclasses.asdict(accelerator.topology) if accelerator.topology else None,
-        "model": dataclasses.asdict(catalog.model(settings["model"])),
+        "model": _model_payload(settings["model"]),
         "versions": _versions(),
         "sources": _sources_digest(),
     }

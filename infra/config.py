@@ -100,11 +100,15 @@ class StorageSection(_Section):
         None, description="Serving bucket name; null = `<project>-<namePrefix>-<region>`."
     )
     versioning: bool = _field(True, description="Object versioning (protects checkpoints).")
+    # Upper bounds: a century; the storage API takes these as 32-bit ages.
     noncurrent_version_days: int = _field(
-        30, ge=1, description="Days a replaced or deleted object version is kept."
+        30, ge=1, le=36_500, description="Days a replaced or deleted object version is kept."
     )
     scratch_days: int = _field(
-        14, ge=1, description="Days objects under scratch prefixes (compile-cache/, tmp/) live."
+        14,
+        ge=1,
+        le=36_500,
+        description="Days objects under scratch prefixes (compile-cache/, tmp/) live.",
     )
     keep_on_destroy: bool = _field(
         True,
@@ -158,7 +162,7 @@ class DataSection(_Section):
         description="Pack several samples per row (block-diagonal attention); false = "
         "one sample per row, padded (the paper's recipe, ~70% padding).",
     )
-    seed: int = _field(0, description="Seed of the deterministic sample order.")
+    seed: int = _field(0, ge=0, description="Seed of the deterministic sample order.")
     shuffle: bool = _field(True, description="Shuffle the sample order (deterministic from seed).")
 
 

@@ -198,20 +198,30 @@ def _reads(function: ast.FunctionDef, bound: dict[str, tuple[str, ...]], depth: 
     # Only whole chains count (`cfg.training.mesh.tp`, not its `cfg.training` part), and a chain
     # that only names a local alias (`t = cfg.training`) counts through the alias's uses.
     inner: set[int] = set()
+    locals_: set[str] = set()
     for node in ast.walk(function):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, (ast.Attribute, ast.Name)):
             inner.add(id(node.value))
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target = node.targets[0]
             path = resolve(node.value)
             if isinstance(target, ast.Name) and path is not None:
                 aliases[target.id] = path
+                locals_.add(target.id)
                 inner.add(id(node.value))
     for node in ast.walk(function):
         if isinstance(node, ast.Attribute) and id(node) not in inner:
             path = resolve(node)
             if path is not None:
                 found.add(path)
+        elif (
+            isinstance(node, ast.Name)
+            and isinstance(node.ctx, ast.Load)
+            and node.id in locals_
+            and id(node) not in inner
+        ):
+            # A bare use of an alias (`tp = cfg.serving.tensorParallelSize; if tp < 1`).
+            found.add(aliases[node.id])
         elif isinstance(node, ast.Call) and depth < 4:
             callee = node.func.id if isinstance(node.func, ast.Name) else None
             if callee in functions:

@@ -238,9 +238,20 @@ def rule_bucket_regions(cfg: StackConfig) -> list[str]:
 
 
 def rule_model(cfg: StackConfig) -> list[str]:
-    if cfg.model.name not in catalog.MODELS:
+    """A known model, and sequences no longer than its context window."""
+    model = _model(cfg)
+    if model is None:
         return [f"model.name: {cfg.model.name!r}: known models are {', '.join(catalog.MODELS)}"]
-    return []
+    problems = []
+    for key, length in (
+        ("data.maxSeqLen", cfg.data.max_seq_len),
+        ("serving.maxModelLen", cfg.serving.max_model_len),
+    ):
+        if length > model.max_context:
+            problems.append(
+                f"{key}: {length}: longer than {model.name}'s {model.max_context:,}-token context"
+            )
+    return problems
 
 
 def rule_mesh(cfg: StackConfig) -> list[str]:

@@ -218,6 +218,7 @@ class ModelSpec:
         sliding_window: tokens a local layer attends to.
         global_every: every n-th layer is global (5 local then 1 global).
         weight_bytes: bf16 checkpoint size on disk (text + vision tower).
+        max_context: the longest sequence the model was trained for (its rope tables cover it).
     """
 
     name: str
@@ -234,6 +235,7 @@ class ModelSpec:
     sliding_window: int
     global_every: int
     weight_bytes: int
+    max_context: int = 262_144  # Gemma 4 31B: 256K tokens (model card)
 
     @property
     def global_layers(self) -> int:

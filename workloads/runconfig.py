@@ -132,7 +132,7 @@ class DataSection(_Section):
         True,
         description="Pack several samples per row (block-diagonal attention) instead of padding.",
     )
-    seed: int = pydantic.Field(0, description="Seed of the deterministic sample order.")
+    seed: int = pydantic.Field(0, ge=0, description="Seed of the deterministic sample order.")
     shuffle: bool = pydantic.Field(
         True, description="Shuffle sample order (deterministic from seed)."
     )

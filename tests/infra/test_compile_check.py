@@ -5,6 +5,7 @@ with recorded figures, and the real step compiled for a v5p-8 with libtpu's comp
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pulumi
 import pytest
@@ -125,6 +126,18 @@ def test_the_source_of_the_step_is_part_of_the_key(monkeypatch):
     settings = compile_check.step_settings(_cfg())
     before = compile_check.cache_key(settings)
     monkeypatch.setattr(compile_check, "_sources_digest", lambda: "edited trainer")
+    assert compile_check.cache_key(settings) != before
+
+
+def test_model_shapes_are_part_of_the_key_and_validation_bounds_are_not(monkeypatch):
+    settings = compile_check.step_settings(_cfg())
+    before = compile_check.cache_key(settings)
+    spec = catalog.model(settings["model"])
+    models = dict(catalog.MODELS)
+    monkeypatch.setattr(catalog, "MODELS", models)
+    models[spec.name] = dataclasses.replace(spec, max_context=spec.max_context // 2)
+    assert compile_check.cache_key(settings) == before
+    models[spec.name] = dataclasses.replace(spec, num_kv_heads=spec.num_kv_heads * 2)
     assert compile_check.cache_key(settings) != before
 
 

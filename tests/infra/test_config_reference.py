@@ -45,6 +45,8 @@ def test_rules_are_found_through_aliases_helpers_and_properties():
     # Through a StackConfig property (cfg.training_bucket_name reads storage.bucketName).
     assert "rule_names" in rules["storage.bucketName"]
     assert "rule_references" in rules["serving.servedModelName"]
+    # A local alias of a leaf, used bare (tp = cfg.serving.tensor_parallel_size; if tp < 1).
+    assert "rule_serving_tp" in rules["serving.tensorParallelSize"]
     # A key no rule reads has no entry (its schema bounds are its only check).
     assert "training.logEvery" not in rules
 

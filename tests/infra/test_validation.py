@@ -444,6 +444,34 @@ CASES = [
         True,
         "serving.image: 'vllm/vllm-tpu:latest': not pinned",
     ),
+    (
+        "negative-seed",
+        DEV,
+        {"data": {"seed": -1}},
+        True,
+        "data.seed: -1: Input should be greater than or equal to 0",
+    ),
+    (
+        "serving-context-beyond-the-model",
+        PROD,
+        {"serving": {"maxModelLen": 300_032}},
+        True,
+        "serving.maxModelLen: 300032: longer than gemma-4-31b's 262,144-token context",
+    ),
+    (
+        "training-rows-beyond-the-model",
+        DEV,
+        {"data": {"maxSeqLen": 262_272}},
+        True,
+        "data.maxSeqLen: 262272: longer than gemma-4-31b's 262,144-token context",
+    ),
+    (
+        "scratch-kept-for-ever",
+        DEV,
+        {"storage": {"scratchDays": 100_000}},
+        True,
+        "storage.scratchDays: 100000: Input should be less than or equal to 36500",
+    ),
 ]
 
 
