@@ -1,7 +1,7 @@
 """Operator commands: `python -m infra.ops status|logs|stop|restart|ssh|tunnel|recover`.
 
 Everything comes from the stack's outputs (`pulumi stack output --json`, or `--outputs FILE`):
-the `deployments` output maps a role ("train", "serve") to what infra.components.deployment
+the `deployments` output maps a role ("train", "serve") to what infra.components.workloads
 exports as `ops_info` (worker addresses, SSH identity, units, run directory, serving port).
 """
 

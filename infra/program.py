@@ -19,11 +19,11 @@ from infra import compile_check, runconfig_render, startup
 from infra import config as config_mod
 from infra.components import apis as apis_mod
 from infra.components import bucket as bucket_mod
-from infra.components import deployment as deploy_mod
 from infra.components import firewall as firewall_mod
 from infra.components import secret as secret_mod
 from infra.components import service_account as sa_mod
 from infra.components import tpu_vm as tpu_mod
+from infra.components import workloads as deploy_mod
 from workloads import catalog, runconfig
 
 COST_BASIS = "on-demand list price per hour (the paper's rates); spot/preemptible is billed less"
@@ -31,7 +31,7 @@ COST_BASIS = "on-demand list price per hour (the paper's rates); spot/preemptibl
 
 @dataclasses.dataclass
 class StackResources:
-    """What the program declared; the deployment (infra/deployment.py) builds on it."""
+    """What the program declared; the deployment (infra/ssh_deployment.py) builds on it."""
 
     config: config_mod.StackConfig
     run_config: runconfig.RunConfig

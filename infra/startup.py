@@ -15,14 +15,16 @@ from typing import Any
 
 from infra import config as config_mod
 from infra import runconfig_render, templating, validation
+from infra.remote.layout import WORKER
 from workloads import catalog, runconfig
 
 PYTHON = "python3.11"
-VENV_DIR = "/opt/gemma4/venv"
-READY_MARKER = "/var/lib/gemma4/ready"
-ENV_FILE = "/etc/gemma4/env"
-RUN_CONFIG_PATH = "/etc/gemma4/run.yaml"
-LOG_FILE = "/var/log/gemma4-startup.log"
+# The worker paths the deploy steps use too (one definition, in infra/remote/layout.py).
+VENV_DIR = WORKER.venv
+READY_MARKER = WORKER.ready_marker
+ENV_FILE = WORKER.env_file
+RUN_CONFIG_PATH = WORKER.config_path
+LOG_FILE = WORKER.startup_log
 TMPDIR = "/dev/shm"
 HF_HOME = "/dev/shm/huggingface"
 LIBTPU_FIND_LINKS = "https://storage.googleapis.com/jax-releases/libtpu_releases.html"

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from infra import remote
-from infra.components import deployment as component
+from infra.components import workloads as component
 from workloads import runconfig
 
 

@@ -7,8 +7,8 @@ from typing import Any
 import pulumi
 import pytest
 
-from infra import deployment, remote, ssh
-from infra.components import deployment as component
+from infra import remote, ssh, ssh_deployment
+from infra.components import workloads as component
 from tests.deploy.conftest import make_run_config
 
 DYNAMIC_TYPE = "pulumi-python:dynamic/gemma4:WorkloadDeployment"
@@ -94,7 +94,7 @@ def test_declare_registers_the_deployment_resource_with_its_inputs(
     assert inputs["run_config_yaml"] == cfg.to_yaml()
     assert inputs["run_config_sha256"] == remote.sha256_text(cfg.to_yaml())
     assert sorted(inputs["units"]) == ["gemma4-merge.service", "gemma4-train.service"]
-    assert inputs["units_sha256"] == deployment.units_sha256(inputs["units"])
+    assert inputs["units_sha256"] == ssh_deployment.units_sha256(inputs["units"])
     assert inputs["enable"] == inputs["start"] == ["gemma4-train.service"]
     assert inputs["ssh_user"] == "gemma4"
     assert inputs["ssh_key_path"] == "/keys/id_ed25519"

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from infra import config, ops, program, runconfig_render
-from infra.components import deployment as component
+from infra.components import workloads as component
 from tests.fixtures import pulumi_mocks
 from workloads import runconfig
 
@@ -125,7 +125,7 @@ def test_a_serving_change_does_not_redeploy_the_training_vm() -> None:
     # The training VM's run config has no serve/eval/bench sections: changing one of them must
     # leave its deployment's inputs (and so the provider's diff) unchanged, and not restart
     # a training run that may be hours in; the serving VM gets the change.
-    from infra import deployment
+    from infra import ssh_deployment
 
     def deployment_inputs(mapping: dict[str, Any]) -> dict[str, dict[str, Any]]:
         rec = pulumi_mocks.run_program("prod", mapping, hf_token="hf_TEST_ONLY_0123456789")
@@ -138,7 +138,7 @@ def test_a_serving_change_does_not_redeploy_the_training_vm() -> None:
     mapping["serving"] = {**mapping["serving"], "maxModelLen": 16000, "port": 8080}
     after = deployment_inputs(mapping)
 
-    provider = deployment.WorkloadDeploymentProvider()
+    provider = ssh_deployment.SshDeploymentProvider()
     train = provider.diff("id", before["train"], after["train"])
     assert not train.changes and not train.replaces
     train_config = runconfig.parse(yaml.safe_load(after["train"]["run_config_yaml"]))

@@ -11,8 +11,8 @@ import dill
 import pulumi.dynamic.dynamic as pulumi_dynamic
 import pytest
 
-from infra import deployment, remote, ssh
-from infra.components import deployment as component
+from infra import remote, ssh, ssh_deployment
+from infra.components import workloads as component
 from tests.deploy.conftest import make_bundle, make_run_config
 from tests.fixtures.sshd import Worker
 
@@ -25,7 +25,7 @@ def _props(
     **changes: Any,
 ) -> dict[str, Any]:
     bundle = make_bundle(worker_root, wheel, changes.pop("cfg", None))
-    inputs = deployment.DeploymentInputs(
+    inputs = ssh_deployment.DeploymentInputs(
         vm="gemma4-train",
         hosts=hosts,
         ssh=settings,
@@ -52,7 +52,7 @@ FAKE_WHEEL = component.Wheel("/w/gemma4_tpu-0.1.0-py3-none-any.whl", "a" * 64)
 def test_diff_is_empty_for_the_same_content_even_with_another_wheel_path() -> None:
     olds = _props("/", FAKE_WHEEL, FAKE, ["10.0.0.1", "10.0.0.2"])
     news = {**olds, "wheel_path": "/elsewhere/gemma4_tpu-0.1.0-py3-none-any.whl", "port": 22}
-    result = deployment.WorkloadDeploymentProvider().diff("id", olds, news)
+    result = ssh_deployment.SshDeploymentProvider().diff("id", olds, news)
     assert result.changes is False
     assert result.replaces == []
 
@@ -72,7 +72,7 @@ def test_diff_updates_on_content_and_replaces_on_other_machines(
     key: str, value: Any, replaces: list[str]
 ) -> None:
     olds = _props("/", FAKE_WHEEL, FAKE, ["10.0.0.1", "10.0.0.2"])
-    result = deployment.WorkloadDeploymentProvider().diff("id", olds, {**olds, key: value})
+    result = ssh_deployment.SshDeploymentProvider().diff("id", olds, {**olds, key: value})
     assert result.changes is True
     assert result.replaces == replaces
     assert result.delete_before_replace is True  # old units stop before the new ones start
@@ -85,13 +85,13 @@ def test_diff_of_changed_units_text() -> None:
         "gemma4-train.service": olds["units"]["gemma4-train.service"] + "# edited\n",
     }
     news = {k: v for k, v in olds.items() if k != "units_sha256"} | {"units": units}
-    assert deployment.WorkloadDeploymentProvider().diff("id", olds, news).changes is True
+    assert ssh_deployment.SshDeploymentProvider().diff("id", olds, news).changes is True
 
 
 def test_unknown_hosts_during_preview_are_an_update_not_a_replace() -> None:
     olds = _props("/", FAKE_WHEEL, FAKE, ["10.0.0.1"])
-    result = deployment.WorkloadDeploymentProvider().diff(
-        "id", olds, {**olds, "hosts": deployment.UNKNOWN}
+    result = ssh_deployment.SshDeploymentProvider().diff(
+        "id", olds, {**olds, "hosts": ssh_deployment.UNKNOWN}
     )
     assert result.changes is True
     assert result.replaces == []
@@ -99,30 +99,30 @@ def test_unknown_hosts_during_preview_are_an_update_not_a_replace() -> None:
 
 def test_check_rejects_no_hosts_and_unknown_units() -> None:
     news = _props("/", FAKE_WHEEL, FAKE, []) | {"start": ["gemma4-nope.service"]}
-    failures = deployment.WorkloadDeploymentProvider().check({}, news).failures
+    failures = ssh_deployment.SshDeploymentProvider().check({}, news).failures
     assert [(f.property, f.reason.split(" ")[0]) for f in failures] == [
         ("hosts", "the"),
         ("start", "['gemma4-nope.service']"),
     ]
     no_ip = _props("/", FAKE_WHEEL, FAKE, ["10.0.0.1", ""])
-    failures = deployment.WorkloadDeploymentProvider().check({}, no_ip).failures
+    failures = ssh_deployment.SshDeploymentProvider().check({}, no_ip).failures
     assert [f.property for f in failures] == ["hosts"]
     assert "no address" in failures[0].reason
-    preview = _props("/", FAKE_WHEEL, FAKE, []) | {"hosts": deployment.UNKNOWN}
-    assert deployment.WorkloadDeploymentProvider().check({}, preview).failures == []
+    preview = _props("/", FAKE_WHEEL, FAKE, []) | {"hosts": ssh_deployment.UNKNOWN}
+    assert ssh_deployment.SshDeploymentProvider().check({}, preview).failures == []
 
 
 def test_provider_survives_pulumis_serialisation() -> None:
-    provider = deployment.WorkloadDeploymentProvider()
+    provider = ssh_deployment.SshDeploymentProvider()
     restored = dill.loads(base64.b64decode(pulumi_dynamic.serialize_provider(provider)))
-    assert isinstance(restored, deployment.WorkloadDeploymentProvider)
+    assert isinstance(restored, ssh_deployment.SshDeploymentProvider)
     olds = _props("/", FAKE_WHEEL, FAKE, ["10.0.0.1"])
     assert restored.diff("id", olds, olds).changes is False
 
 
 @pytest.mark.sshd
 def test_create_update_delete_against_a_worker(worker: Worker, wheel: component.Wheel) -> None:
-    provider = deployment.WorkloadDeploymentProvider()
+    provider = ssh_deployment.SshDeploymentProvider()
     provider.ready_initial_delay_s = 0.1
     root = str(worker.root)
     props = _props(root, wheel, worker.settings, [worker.host])
@@ -166,13 +166,13 @@ def test_delete_of_a_vanished_worker_succeeds(worker: Worker, wheel: component.W
         [worker.host],
     )
     worker.stop()
-    deployment.WorkloadDeploymentProvider().delete("gemma4-train-workloads", props)
+    ssh_deployment.SshDeploymentProvider().delete("gemma4-train-workloads", props)
 
 
 @pytest.mark.sshd
 def test_create_failure_names_the_worker_and_step(worker: Worker, wheel: component.Wheel) -> None:
     (worker.root / "var/lib/gemma4/ready").unlink()
-    provider = deployment.WorkloadDeploymentProvider()
+    provider = ssh_deployment.SshDeploymentProvider()
     provider.ready_initial_delay_s = 0.1
     props = _props(str(worker.root), wheel, worker.settings, [worker.host]) | {
         "ready_timeout_s": 0.5
@@ -188,8 +188,6 @@ def test_delete_skips_an_address_that_now_answers_with_another_host_key():
     """After a preemption the old address may belong to another machine: never talk to it."""
     import paramiko
 
-    from infra import deployment
-
     class _Conn:
         host = "203.0.113.9"
         user = "gemma4"
@@ -199,4 +197,4 @@ def test_delete_skips_an_address_that_now_answers_with_another_host_key():
             key = paramiko.RSAKey.generate(1024)
             raise paramiko.BadHostKeyException(self.host, key, key)
 
-    assert deployment._still_ours(_Conn(), None) is False
+    assert ssh_deployment._still_ours(_Conn(), None) is False

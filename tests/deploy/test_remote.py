@@ -13,7 +13,7 @@ import fabric
 import pytest
 
 from infra import remote, ssh
-from infra.components import deployment as component
+from infra.components import workloads as component
 from tests.deploy.conftest import make_bundle, make_run_config
 from tests.fixtures.sshd import Worker
 

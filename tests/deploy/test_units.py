@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from infra import remote
-from infra.components import deployment as component
+from infra.components import workloads as component
 from tests.deploy.conftest import make_run_config
 
 PROD = remote.RemoteLayout("/")

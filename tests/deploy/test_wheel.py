@@ -7,7 +7,7 @@ import shutil
 import time
 import zipfile
 
-from infra.components import deployment as component
+from infra.components import workloads as component
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 

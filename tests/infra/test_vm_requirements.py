@@ -21,7 +21,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from infra import startup
-from infra.components import deployment as component
+from infra.components import workloads as component
 from infra.remote import RemoteLayout
 from tests.deploy.conftest import make_run_config
 from workloads import cli

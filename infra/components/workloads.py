@@ -2,7 +2,7 @@
 
 `declare(...)` is what the program calls once per VM (training, serving). It renders the systemd
 units for the VM's role from templates/systemd/, builds (or reuses) the wheel, and declares one
-infra.deployment.WorkloadDeployment whose inputs are content hashes, so `pulumi preview` shows
+infra.ssh_deployment.SshDeployment whose inputs are content hashes, so `pulumi preview` shows
 what would be redeployed and why.
 """
 
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import jinja2
 import pulumi
 
-from infra import deployment, remote, ssh, templating
+from infra import remote, ssh, ssh_deployment, templating
 from workloads import runconfig
 
 if TYPE_CHECKING:  # the config model is only needed for the type; no import cycle at runtime
@@ -320,7 +320,7 @@ class WorkloadsDeployment(pulumi.ComponentResource):
             `deployments.<role>`).
     """
 
-    deployment: deployment.WorkloadDeployment
+    deployment: ssh_deployment.SshDeployment
     fingerprint: pulumi.Output[str]
     ops_info: pulumi.Output[dict[str, Any]]
 
@@ -334,7 +334,7 @@ class WorkloadsDeployment(pulumi.ComponentResource):
         settings = args.ssh.resolved()
         use_sudo = args.use_sudo if args.use_sudo is not None else settings.user != "root"
         yaml_text = args.run_config.to_yaml()
-        inputs = deployment.DeploymentInputs(
+        inputs = ssh_deployment.DeploymentInputs(
             vm=args.vm,
             hosts=[],
             ssh=settings,
@@ -350,7 +350,7 @@ class WorkloadsDeployment(pulumi.ComponentResource):
             install_deps=args.install_deps,
         )
         props = {**inputs.to_props(), "hosts": args.hosts}
-        self.deployment = deployment.WorkloadDeployment(
+        self.deployment = ssh_deployment.SshDeployment(
             f"{name}-workloads", props, pulumi.ResourceOptions(parent=self)
         )
         self.fingerprint = self.deployment.fingerprint

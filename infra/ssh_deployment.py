@@ -1,6 +1,6 @@
 """The deployment resource: a Pulumi dynamic provider that pushes the workloads to a VM's workers.
 
-`pulumi preview` shows a WorkloadDeployment per VM with its inputs; `pulumi up` runs create or
+`pulumi preview` shows a SshDeployment per VM with its inputs; `pulumi up` runs create or
 update (infra.remote.deploy_all over SSH to every worker in parallel), `pulumi destroy` runs
 delete (stop and disable the units). The diff looks only at content hashes (wheel, run config,
 units) and at what is enabled and started, so an unchanged checkout costs nothing; a different
@@ -24,7 +24,7 @@ import pulumi.dynamic
 
 from infra import remote, ssh
 
-LOG = logging.getLogger("infra.deployment")
+LOG = logging.getLogger("infra.ssh_deployment")
 
 # The value a dynamic provider sees for an input that is not known yet (during preview).
 UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
@@ -57,7 +57,7 @@ def _still_ours(conn: Any, settings: Any) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class DeploymentInputs:
-    """The plain-value inputs of one WorkloadDeployment (what the provider receives).
+    """The plain-value inputs of one SshDeployment (what the provider receives).
 
     Attributes:
         vm: TPU node name (for messages and the resource id).
@@ -184,7 +184,7 @@ def _log_step(host: str, step: str) -> None:
     LOG.info("%s: %s", host, step)
 
 
-class WorkloadDeploymentProvider(pulumi.dynamic.ResourceProvider):
+class SshDeploymentProvider(pulumi.dynamic.ResourceProvider):
     """create/update deploy over SSH, delete stops the job; diff compares content hashes.
 
     Pulumi serialises this object into the state with dill; it holds no attributes, and the
@@ -309,7 +309,9 @@ class WorkloadDeploymentProvider(pulumi.dynamic.ResourceProvider):
         return outs
 
 
-class WorkloadDeployment(pulumi.dynamic.Resource, module="gemma4", name="WorkloadDeployment"):
+# The Pulumi type keeps its first name (WorkloadDeployment): renaming it would make every
+# existing stack replace the resource, which stops and redeploys the running job.
+class SshDeployment(pulumi.dynamic.Resource, module="gemma4", name="WorkloadDeployment"):
     """The workloads package, run config and systemd units deployed to every worker of one VM.
 
     Outputs:
@@ -334,7 +336,7 @@ class WorkloadDeployment(pulumi.dynamic.Resource, module="gemma4", name="Workloa
             opts: resource options (parent, depends_on).
         """
         super().__init__(
-            WorkloadDeploymentProvider(),
+            SshDeploymentProvider(),
             name,
             {**props, "fingerprint": None, "changed_hosts": None},
             opts,

@@ -1,0 +1,199 @@
+"""Running one checked command on a worker over SSH (fabric), and waiting for a worker.
+
+Command lines are built from argv lists with shlex; results are checked with `warn=True` and a
+failure raises RemoteError naming the host, the step, the exit code and the remote log that holds
+the output. A broken connection is dropped so the next call opens a fresh one.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import socket
+import time
+from collections.abc import Sequence
+
+import fabric
+import invoke
+import paramiko
+
+from infra import ssh
+from infra.remote.errors import ReadyTimeout, RemoteError
+from infra.remote.layout import RemoteLayout
+
+LOG = logging.getLogger("infra.remote")
+
+CONNECTION_ERRORS = (
+    paramiko.SSHException,
+    socket.error,  # OSError: refused, reset, unreachable, timed out
+    EOFError,
+    invoke.exceptions.Failure,
+    invoke.exceptions.ThreadException,
+)
+
+
+def host_name(conn: fabric.Connection) -> str:
+    return f"{conn.host}:{conn.port}" if conn.port != 22 else str(conn.host)
+
+
+def as_root(argv: Sequence[str], sudo: bool) -> list[str]:
+    return ["sudo", "-n", *argv] if sudo else list(argv)
+
+
+def run(
+    conn: fabric.Connection,
+    step: str,
+    argv: Sequence[str],
+    *,
+    sudo: bool = False,
+    log_path: str | None = None,
+) -> invoke.Result:
+    """Runs one command (an argv list, quoted here) and checks it.
+
+    With `log_path`, the command's output is appended to that remote file (and named in the
+    error); without, it is captured and its stderr tail goes into the error.
+
+    Raises:
+        RemoteError: non-zero exit status, or the connection broke.
+    """
+    if log_path is not None:
+        # "$0" is the log path, passed as a separate argument: nothing is pasted into the script.
+        script = (
+            'mkdir -p "$(dirname "$0")" && '
+            f'printf "== %s %s\\n" "$(date -Is)" {shlex.quote(step)} >>"$0" && '
+            f'{{ {shlex.join(argv)}; }} >>"$0" 2>&1'
+        )
+        full = as_root(["sh", "-c", script, log_path], sudo)
+    else:
+        full = as_root(argv, sudo)
+    command = shlex.join(full)
+    try:
+        result = conn.run(command, warn=True, hide=True, in_stream=False)
+    except paramiko.BadHostKeyException as exc:
+        raise ssh.SshError(ssh.describe(exc, str(conn.host), settings_of(conn))) from exc
+    except CONNECTION_ERRORS as exc:
+        drop(conn)
+        raise RemoteError(
+            host_name(conn), step, None, log_path, f"{type(exc).__name__}: {exc}"
+        ) from exc
+    if result.failed and (result.exited == -1 or not connected(conn)):
+        # The channel closed without an exit status: the server or the network went away.
+        drop(conn)
+        raise RemoteError(
+            host_name(conn), step, None, log_path, "the SSH connection was lost during the command"
+        )
+    if result.failed:
+        detail = tail(conn, log_path, sudo) if log_path else result.stderr.strip()[-2000:]
+        raise RemoteError(host_name(conn), step, result.exited, log_path, detail or "(no output)")
+    return result
+
+
+def connected(conn: fabric.Connection) -> bool:
+    transport = conn.client.get_transport()
+    return bool(transport is not None and transport.is_active())
+
+
+def drop(conn: fabric.Connection) -> None:
+    """Forgets a broken connection so the next call opens a fresh one."""
+    try:
+        conn.close()
+    except Exception:
+        LOG.debug("closing %s failed", host_name(conn), exc_info=True)
+
+
+def tail(conn: fabric.Connection, path: str, sudo: bool, lines: int = 20) -> str:
+    """The last lines of a remote file, or a note why they could not be read (never raises)."""
+    try:
+        result = conn.run(
+            shlex.join(as_root(["tail", "-n", str(lines), path], sudo)),
+            warn=True,
+            hide=True,
+            in_stream=False,
+        )
+    except CONNECTION_ERRORS as exc:
+        return f"(could not read it: {type(exc).__name__})"
+    if result.failed:
+        if "No such file" in result.stderr:
+            return "(no such file yet)"
+        return f"(could not read it: {result.stderr.strip() or 'exit ' + str(result.exited)})"
+    text = result.stdout.rstrip()
+    return (
+        "last lines:\n" + "\n".join("    " + line for line in text.splitlines())
+        if text
+        else "(log empty)"
+    )
+
+
+def wait_ready(
+    conn: fabric.Connection,
+    layout: RemoteLayout,
+    *,
+    timeout_s: float = 3600.0,
+    initial_delay_s: float = 2.0,
+    max_delay_s: float = 30.0,
+    sudo: bool = False,
+    settings: ssh.SshSettings | None = None,
+) -> None:
+    """Waits until the worker answers SSH and its startup script wrote the ready marker.
+
+    Retries with exponential backoff up to `timeout_s`. A changed host key is never retried.
+
+    Raises:
+        ReadyTimeout: naming the host and what the startup log shows (or the last SSH error).
+        SshError: the host key changed (see infra.ssh.describe).
+    """
+    deadline = time.monotonic() + timeout_s
+    delay = initial_delay_s
+    last_problem = "never tried"
+    test = shlex.join(as_root(["test", "-e", layout.ready_marker], sudo))
+    while True:
+        try:
+            result = conn.run(test, warn=True, hide=True, in_stream=False)
+            if result.ok:
+                return
+            last_problem = f"ready marker {layout.ready_marker} is not there yet"
+            connected = True
+        except paramiko.BadHostKeyException as exc:
+            raise ssh.SshError(
+                ssh.describe(exc, str(conn.host), settings or settings_of(conn))
+            ) from exc
+        except CONNECTION_ERRORS as exc:
+            drop(conn)
+            why = ssh.describe(exc, str(conn.host), settings or settings_of(conn))
+            last_problem = f"SSH not reachable: {why}"
+            connected = False
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            detail = f"not ready after {timeout_s:g} s: {last_problem}"
+            if connected:
+                detail += "; startup log: " + tail(conn, layout.startup_log, sudo)
+            raise ReadyTimeout(host_name(conn), layout.startup_log if connected else None, detail)
+        time.sleep(min(delay, remaining))
+        delay = min(delay * 2, max_delay_s)
+
+
+def reachable(conn: fabric.Connection, *, settings: ssh.SshSettings | None = None) -> bool:
+    """One connection attempt: False when nothing answers on the SSH port (the VM is gone).
+
+    Raises:
+        SshError: the host answers but its key changed, or it refuses our identity.
+    """
+    try:
+        conn.open()
+    except (paramiko.BadHostKeyException, paramiko.AuthenticationException) as exc:
+        raise ssh.SshError(
+            ssh.describe(exc, str(conn.host), settings or settings_of(conn))
+        ) from exc
+    except (OSError, EOFError, paramiko.SSHException):
+        drop(conn)
+        return False
+    return True
+
+
+def settings_of(conn: fabric.Connection) -> ssh.SshSettings:
+    return ssh.SshSettings(user=str(conn.user), port=int(conn.port))
+
+
+def chain(*argvs: Sequence[str]) -> list[str]:
+    """One `sh -c` argv that runs several argv lists in order and stops at the first failure."""
+    return ["sh", "-c", " && ".join(shlex.join(a) for a in argvs)]
