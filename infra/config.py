@@ -1,6 +1,9 @@
 """The stack configuration: one typed, frozen model read from the `gemma4-tpu:*` stack config keys.
 
-Keys are camelCase, as Pulumi writes them (`pulumi config set --path training.maxSteps 30`).
+Each section is the workloads' own settings model (workloads/settings.py: the same fields,
+defaults and constraints the VM's run config has) plus what only the cloud side needs (zones,
+provisioning, enabled flags). Keys are camelCase, as Pulumi writes them (`pulumi config set
+--path training.maxSteps 30`); that is the only difference.
 Unknown keys are errors. `parse_stack_config(mapping)` is pure (tests call it directly);
 `load_stack_config()` reads the running Pulumi program's config and calls it. Both report every
 problem at once, one line each: `key: bad value: what is allowed`.
@@ -8,7 +11,6 @@ problem at once, one line each: `key: bad value: what is allowed`.
 
 from __future__ import annotations
 
-import difflib
 import json
 import pathlib
 from typing import Any, Literal
@@ -16,7 +18,7 @@ from typing import Any, Literal
 import pydantic
 from pydantic.alias_generators import to_camel
 
-from workloads import catalog, runconfig
+from workloads import catalog, settings
 
 PROJECT = "gemma4-tpu"
 """The Pulumi project name, also the config namespace (`gemma4-tpu:training`)."""
@@ -38,16 +40,9 @@ class ConfigError(Exception):
         super().__init__("\n".join(self.problems))
 
 
-class _Section(pydantic.BaseModel):
-    # No key takes an empty string or a non-finite number: each would only fail on the VM.
-    model_config = pydantic.ConfigDict(
-        extra="forbid",
-        frozen=True,
-        alias_generator=to_camel,
-        validate_default=True,
-        allow_inf_nan=False,
-        str_min_length=1,
-    )
+class _Section(settings.Settings):
+    # camelCase keys, as Pulumi writes them: the only difference from the workloads' settings.
+    model_config = pydantic.ConfigDict(alias_generator=to_camel)
 
 
 def _field(default: Any = ..., *, description: str, **kwargs: Any) -> Any:
@@ -145,51 +140,23 @@ class ModelSection(_Section):
     )
 
 
-class DataSection(_Section):
+class DataSection(_Section, settings.DataSettings):
     """The training data (CodeV-R1 style JSONL: `prompt`, `response`)."""
 
     dataset: str | None = _field(
         None, description="JSONL path (gs://); null = gs://<training bucket>/data/codev-r1.jsonl."
     )
-    max_rows: int | None = _field(
-        10_000, ge=1, description="Read only the first N rows; null = all."
-    )
-    max_seq_len: int = _field(
-        3072, description="Tokens per row, positive multiple of 128; longer samples are dropped."
-    )
-    packing: bool = _field(
-        True,
-        description="Pack several samples per row (block-diagonal attention); false = "
-        "one sample per row, padded (the paper's recipe, ~70% padding).",
-    )
-    seed: int = _field(0, ge=0, description="Seed of the deterministic sample order.")
-    shuffle: bool = _field(True, description="Shuffle the sample order (deterministic from seed).")
 
 
-class LoraSection(_Section):
+class LoraSection(_Section, settings.LoraSettings):
     """The LoRA adapters."""
 
-    rank: int = _field(64, description="LoRA rank r (positive).")
-    alpha: float = _field(
-        64.0, description="LoRA alpha (positive); the delta is scaled by alpha/rank."
-    )
-    dropout: float = _field(0.05, description="Dropout on the LoRA input, in [0, 1).")
-    targets: tuple[str, ...] = _field(
-        runconfig.DEFAULT_LORA_TARGETS,
-        description="Tunix modules to adapt: " + ", ".join(runconfig.ALL_LORA_TARGETS) + ".",
-    )
 
-
-class MeshSection(_Section):
+class MeshSection(_Section, settings.MeshSettings):
     """The training device mesh."""
 
-    fsdp: int = _field(1, ge=1, description="Data/parameter-sharding axis size.")
-    tp: int = _field(
-        4, ge=1, description="Tensor-parallel axis size; must divide 32, 16 and 4 heads."
-    )
 
-
-class TrainingSection(_Section):
+class TrainingSection(_Section, settings.TrainSettings):
     """The training TPU VM and the optimisation run."""
 
     accelerator: str = _field("v5p-8", description="TPU type of the training slice.")
@@ -201,61 +168,31 @@ class TrainingSection(_Section):
         "spot", description="spot, preemptible or on-demand capacity."
     )
     node_name: str | None = _field(None, description="TPU node name; null = `<namePrefix>-train`.")
-    micro_batch: int = _field(1, ge=1, description="Rows per forward pass (global).")
-    grad_accum: int = _field(8, ge=1, description="Micro-batches per optimizer step.")
-    max_steps: int | None = _field(
-        None, ge=1, description="Optimizer steps; null = `epochs` epochs."
-    )
-    epochs: int = _field(1, ge=1, description="Passes over the data when maxSteps is null.")
-    learning_rate: float = _field(1e-4, gt=0, description="Peak AdamW learning rate.")
-    weight_decay: float = _field(0.001, ge=0, description="AdamW weight decay.")
-    warmup_steps: int = _field(100, ge=0, description="Linear warm-up steps, then cosine to 0.")
     mesh: MeshSection = _field(default_factory=MeshSection, description="Device mesh.")
-    remat: runconfig.RematPolicy = _field(
-        "full",
-        description="What the backward pass recomputes of each decoder layer: full (least "
-        "HBM), dots (keeps weight-matmul outputs), none (fastest, most HBM); true/false = "
-        "full/none. `python -m infra.preflight --compile` shows what fits.",
-    )
-    attention: runconfig.AttentionPath = _field(
-        "kernel",
-        description="How packed rows reach attention on the TPU: kernel (JAX's splash attention "
-        "with segment ids: no [rows, L, L] mask or scores in HBM) or dense (tunix's mask path, "
-        "for comparison).",
-    )
-    save_every: int = _field(100, ge=1, description="Checkpoint every N optimizer steps.")
-    keep_checkpoints: int = _field(3, ge=1, description="Checkpoints kept.")
-    log_every: int = _field(1, ge=1, description="Log metrics every N steps.")
     shm_working_set_gb: float = _field(
         32.0, ge=0, description="/dev/shm the host needs besides model weights (GB): data, scratch."
     )
 
 
-class MergeSection(_Section):
+class MergeSection(_Section, settings.MergeSettings):
     """The LoRA merge (runs on the training VM after training)."""
 
     enabled: bool = _field(True, description="Merge the adapters into HF safetensors shards.")
-    shard_size: str = _field("5GB", description="Largest shard file, e.g. 5GB.")
 
 
-class EvalSection(_Section):
+class EvalSection(_Section, settings.EvalSettings):
     """verilog-eval pass@k against the served model (serving VM)."""
 
     enabled: bool = _field(True, description="Run the evaluation once serving is up.")
-    n: int = _field(5, ge=1, description="Samples per problem.")
-    temperature: float = _field(0.8, ge=0, description="Sampling temperature.")
-    top_p: float = _field(0.95, gt=0, le=1, description="Nucleus sampling.")
-    max_tokens: int = _field(1024, ge=1, description="Max new tokens per sample.")
 
 
-class BenchSection(_Section):
+class BenchSection(_Section, settings.BenchSettings):
     """The `vllm bench serve` sweep (serving VM)."""
 
     enabled: bool = _field(True, description="Run the benchmark sweep once serving is up.")
-    num_prompts: int = _field(200, ge=1, description="Prompts per sweep point.")
 
 
-class ServingSection(_Section):
+class ServingSection(_Section, settings.ServeSettings):
     """The optional serving TPU VM (vLLM on v6e)."""
 
     enabled: bool = _field(False, description="Create the serving VM and serve the merged model.")
@@ -273,20 +210,12 @@ class ServingSection(_Section):
         "preemptible", description="spot, preemptible or on-demand capacity."
     )
     node_name: str | None = _field(None, description="TPU node name; null = `<namePrefix>-serve`.")
-    image: str = _field(
-        runconfig.ServeSection.model_fields["image"].default,
-        description="vLLM TPU container image (pinned tag or digest).",
-    )
-    served_model_name: str = _field("gemma-4-31b-verilog", description="Model name in /v1/models.")
-    tensor_parallel_size: int = _field(8, description="vLLM tensor parallelism (<= chips).")
-    max_model_len: int = _field(16384, ge=1, description="Longest request, prompt + output.")
     min_concurrent_sequences: int = _field(
         1, ge=1, description="Full-length sequences the KV cache must hold (HBM check)."
     )
     hbm_utilization: float = _field(
         0.9, gt=0, le=1, description="Fraction of HBM vLLM may use (--gpu-memory-utilization)."
     )
-    port: int = _field(8000, ge=1, le=65535, description="HTTP port of the OpenAI-compatible API.")
     api_source_ranges: tuple[str, ...] = _field(
         (), description="CIDR ranges allowed to reach the API port; empty = SSH tunnel only."
     )
@@ -396,47 +325,9 @@ class StackConfig(_Section):
 # Parsing and error formatting
 
 
-def _allowed_keys(model: type[pydantic.BaseModel]) -> list[str]:
-    return [str(f.alias or name) for name, f in model.model_fields.items()]
-
-
-def _model_at(loc: tuple[Any, ...]) -> type[pydantic.BaseModel] | None:
-    """The section model that owns the key at `loc` (for listing allowed keys)."""
-    model: type[pydantic.BaseModel] = StackConfig
-    for part in loc[:-1]:
-        match = next((f for f in model.model_fields.values() if f.alias == part), None)
-        annotation = getattr(match, "annotation", None)
-        if not (isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel)):
-            return None
-        model = annotation
-    return model
-
-
-def _describe(loc: tuple[Any, ...]) -> str:
-    model = _model_at(loc)
-    if model is None:
-        return ""
-    match = next((f for f in model.model_fields.values() if f.alias == loc[-1]), None)
-    return (match.description or "") if match else ""
-
-
 def format_pydantic_errors(errors: list[Any]) -> list[str]:
     """One line per problem of `ValidationError.errors()`: `key: bad value: what is allowed`."""
-    lines = []
-    for problem in errors:
-        loc = tuple(problem["loc"])
-        key = ".".join(str(p) for p in loc) or "(top level)"
-        if problem["type"] == "extra_forbidden":
-            model = _model_at(loc)
-            allowed = _allowed_keys(model) if model else []
-            close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            lines.append(f"{key}: unknown key{hint}: allowed keys here are {', '.join(allowed)}")
-        elif problem["type"] == "missing":
-            lines.append(f"{key}: missing: required; {_describe(loc)}")
-        else:
-            lines.append(f"{key}: {problem.get('input')!r}: {problem['msg']}")
-    return lines
+    return settings.problem_lines(errors, StackConfig)
 
 
 def _child(data: Any, part: Any) -> Any:

@@ -46,12 +46,14 @@ class Key:
         attrs: the attribute names on the model (`("training", "mesh", "tp")`).
         annotation: the field's type (Optional/Literal/tuple as declared).
         field: pydantic's FieldInfo (default, description, constraints).
+        owner: the model that declares the key (its field validators check the key too).
     """
 
     path: str
     attrs: tuple[str, ...]
     annotation: Any
     field: Any
+    owner: type[pydantic.BaseModel] = pydantic.BaseModel
 
     @property
     def required(self) -> bool:
@@ -84,6 +86,17 @@ class Key:
         if isinstance(base, type) and issubclass(base, enum.Enum):
             return tuple(m.value for m in base)
         return None
+
+    @property
+    def checks(self) -> list[str]:
+        """What the model's own validators of this key allow (their "Allowed: ..." docstrings)."""
+        name = self.attrs[-1]
+        out = []
+        for decorator in self.owner.__pydantic_decorators__.field_validators.values():
+            doc = inspect.getdoc(decorator.func) or ""
+            if name in decorator.info.fields and doc.startswith("Allowed: "):
+                out.append(doc.removeprefix("Allowed: ").rstrip("."))
+        return out
 
     @property
     def bounds(self) -> dict[str, float]:
@@ -126,7 +139,7 @@ def iter_keys(
         if sub is not None:
             yield from iter_keys(sub, path + ".", (*attrs, name))
         else:
-            yield Key(path, (*attrs, name), field.annotation, field)
+            yield Key(path, (*attrs, name), field.annotation, field, model)
 
 
 def sections() -> dict[str, type[pydantic.BaseModel]]:
@@ -300,6 +313,7 @@ def _allowed(key: Key) -> str:
     parts = []
     names = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
     parts += [f"{names[k]} {v}" for k, v in key.bounds.items()]
+    parts += key.checks
     choices = key.choices
     if choices:
         parts.append("one of " + ", ".join(f"`{c}`" for c in choices))

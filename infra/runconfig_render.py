@@ -13,7 +13,8 @@ Bucket layout (one bucket per VM region; see StackConfig.training_bucket_name):
 from __future__ import annotations
 
 from infra import config as config_mod
-from workloads import runconfig
+from workloads import runconfig, settings
+from workloads.settings import values_of
 
 VERILOG_EVAL_DIR = "/opt/verilog-eval"
 VERILOG_EVAL_PROBLEMS = f"{VERILOG_EVAL_DIR}/dataset_spec-to-rtl"
@@ -55,7 +56,8 @@ def render_run_config(cfg: config_mod.StackConfig) -> runconfig.RunConfig:
     Raises:
         workloads.errors.UserError: the result does not pass the run-config schema.
     """
-    t = cfg.training
+    # The user's settings pass through as they are (a projection onto the shared settings
+    # models); what is added here is where things live.
     data: dict = {
         "run_name": cfg.run_name,
         "model": {
@@ -64,66 +66,38 @@ def render_run_config(cfg: config_mod.StackConfig) -> runconfig.RunConfig:
             "dtype": "bfloat16",
         },
         "data": {
+            **values_of(cfg.data, settings.DataSettings),
             "dataset": cfg.data.dataset or gs(cfg.training_bucket_name, "data", "codev-r1.jsonl"),
-            "max_rows": cfg.data.max_rows,
-            "max_seq_len": cfg.data.max_seq_len,
-            "packing": cfg.data.packing,
-            "seed": cfg.data.seed,
-            "shuffle": cfg.data.shuffle,
         },
-        "lora": {
-            "rank": cfg.lora.rank,
-            "alpha": cfg.lora.alpha,
-            "dropout": cfg.lora.dropout,
-            "targets": list(cfg.lora.targets),
-        },
+        "lora": values_of(cfg.lora, settings.LoraSettings),
         "train": {
+            **values_of(cfg.training, settings.TrainSettings),
             "output_dir": run_dir_uri(cfg),
-            "accelerator": t.accelerator,
-            "micro_batch": t.micro_batch,
-            "grad_accum": t.grad_accum,
-            "max_steps": t.max_steps,
-            "epochs": t.epochs,
-            "learning_rate": t.learning_rate,
-            "weight_decay": t.weight_decay,
-            "warmup_steps": t.warmup_steps,
-            "mesh": {"fsdp": t.mesh.fsdp, "tp": t.mesh.tp},
-            "remat": t.remat,
-            "attention": t.attention,
-            "save_every": t.save_every,
-            "keep_checkpoints": t.keep_checkpoints,
-            "log_every": t.log_every,
+            "accelerator": cfg.training.accelerator,
             "compile_cache_dir": train_compile_cache_uri(cfg),
         },
     }
     if cfg.merge.enabled:
-        data["merge"] = {"out": merged_uri(cfg), "shard_size": cfg.merge.shard_size}
+        data["merge"] = {**values_of(cfg.merge, settings.MergeSettings), "out": merged_uri(cfg)}
     s = cfg.serving
     if s.enabled:
         data["serve"] = {
-            "image": s.image,
+            **values_of(s, settings.ServeSettings),
             "model_dir": merged_uri(cfg),
-            "served_model_name": s.served_model_name,
             "accelerator": s.accelerator,
-            "tensor_parallel_size": s.tensor_parallel_size,
-            "max_model_len": s.max_model_len,
-            "port": s.port,
             "compile_cache_gcs": serve_compile_cache_uri(cfg),
         }
         if s.bench.enabled:
             data["bench"] = {
-                "num_prompts": s.bench.num_prompts,
+                **values_of(s.bench, settings.BenchSettings),
                 "results_dir": gs(cfg.serving_bucket_name, "bench", cfg.run_name),
             }
         if s.eval.enabled:
             data["eval"] = {
+                **values_of(s.eval, settings.EvalSettings),
                 "problems_dir": VERILOG_EVAL_PROBLEMS,
                 "results_dir": gs(cfg.serving_bucket_name, "eval", cfg.run_name),
                 "endpoint": f"http://127.0.0.1:{s.port}/v1",
-                "n": s.eval.n,
-                "temperature": s.eval.temperature,
-                "top_p": s.eval.top_p,
-                "max_tokens": s.eval.max_tokens,
             }
     return runconfig.parse(data, source="rendered run config")
 

@@ -295,37 +295,11 @@ def rule_batch(cfg: StackConfig) -> list[str]:
             f"training.microBatch: {t.micro_batch}: must be a multiple of the {acc.hosts} hosts "
             f"of {acc.name} (every host feeds its own rows)"
         )
-    if cfg.data.max_seq_len <= 0 or cfg.data.max_seq_len % 128:
-        problems.append(
-            f"data.maxSeqLen: {cfg.data.max_seq_len}: a positive multiple of 128 (e.g. 3072)"
-        )
-    return problems
-
-
-def rule_lora(cfg: StackConfig) -> list[str]:
-    problems = []
-    if cfg.lora.rank <= 0:
-        problems.append(f"lora.rank: {cfg.lora.rank}: a positive integer (the paper: 64)")
-    if cfg.lora.alpha <= 0:
-        problems.append(f"lora.alpha: {cfg.lora.alpha}: a positive number (the paper: 64)")
-    if not 0 <= cfg.lora.dropout < 1:
-        problems.append(f"lora.dropout: {cfg.lora.dropout}: in [0, 1)")
-    unknown = [x for x in cfg.lora.targets if x not in runconfig.ALL_LORA_TARGETS]
-    if unknown or not cfg.lora.targets:
-        problems.append(
-            f"lora.targets: {list(cfg.lora.targets)!r}: one or more of "
-            f"{', '.join(runconfig.ALL_LORA_TARGETS)}"
-        )
     return problems
 
 
 def rule_merge(cfg: StackConfig) -> list[str]:
     problems = []
-    try:
-        if runconfig.parse_size(cfg.merge.shard_size) <= 0:
-            raise ValueError
-    except ValueError:
-        problems.append(f"merge.shardSize: {cfg.merge.shard_size!r}: a size such as 5GB or 512MiB")
     if cfg.serving.enabled and not cfg.merge.enabled:
         problems.append(
             "merge.enabled: false: must be true when serving.enabled is true (the serving VM "
@@ -361,12 +335,12 @@ def rule_serving_tp(cfg: StackConfig) -> list[str]:
 
 
 def rule_serving_image(cfg: StackConfig) -> list[str]:
-    """The serving image is a pinned, well-formed reference that can load Gemma 4: official
-    release tags at or above the catalog's floor, nightlies from the day the model landed;
-    digests and other repositories pass that last check unjudged."""
+    """The serving image can load Gemma 4: official release tags at or above the catalog's
+    floor, nightlies from the day the model landed; digests and other repositories pass
+    unjudged. (That it is a well-formed, pinned reference is the schema's check.)"""
     if not cfg.serving.enabled:
         return []
-    problem = catalog.serving_image_problem(cfg.serving.image)
+    problem = catalog.vllm_tpu_image_problem(cfg.serving.image)
     return [f"serving.image: {cfg.serving.image!r}: {problem}"] if problem else []
 
 
@@ -655,7 +629,6 @@ RULES: tuple[Rule, ...] = (
     rule_model,
     rule_mesh,
     rule_batch,
-    rule_lora,
     rule_merge,
     rule_serving_tp,
     rule_serving_image,

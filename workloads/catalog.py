@@ -333,8 +333,14 @@ _IMAGE_RE = re.compile(
 
 def serving_image_problem(image: str) -> str | None:
     """Why `image` cannot be the serving container, with what is allowed; None when it can: a
-    well-formed reference, pinned (a tag other than latest, or a digest), and able to load
-    Gemma 4 (vllm_tpu_image_problem)."""
+    well-formed, pinned reference (image_reference_problem) able to load Gemma 4
+    (vllm_tpu_image_problem)."""
+    return image_reference_problem(image) or vllm_tpu_image_problem(image)
+
+
+def image_reference_problem(image: str) -> str | None:
+    """Why `image` is no well-formed, pinned container reference (a tag other than latest, or a
+    digest), with what is allowed; None when it is one."""
     if not _IMAGE_RE.match(image):
         return (
             "not a container image reference ([registry/]repository[:tag][@sha256:digest], "
@@ -346,7 +352,7 @@ def serving_image_problem(image: str) -> str | None:
             f"not pinned: give a tag other than latest ({VLLM_TPU_IMAGE}) or a digest "
             "(...@sha256:...)"
         )
-    return vllm_tpu_image_problem(image)
+    return None
 
 
 def vllm_tpu_image_problem(image: str) -> str | None:

@@ -22,58 +22,13 @@ from typing import Annotated, Any, Literal
 import pydantic
 import yaml
 
-from workloads import catalog, errors, storage
+from workloads import catalog, errors, settings, storage
+from workloads.settings import ALL_LORA_TARGETS, DEFAULT_LORA_TARGETS, parse_size
 
-# The six modules the paper's recipe adapts; `k_einsum` (the global layers' K=V projection) is
-# an optional seventh.
-DEFAULT_LORA_TARGETS = (
-    "q_einsum",
-    "kv_einsum",
-    "attn_vec_einsum",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-)
-ALL_LORA_TARGETS = (*DEFAULT_LORA_TARGETS, "k_einsum")
-
-
-def _remat_from_bool(value: Any) -> Any:
-    """true/false (the older boolean key) mean "full"/"none"."""
-    if isinstance(value, bool):
-        return "full" if value else "none"
-    return value
-
-
-AttentionPath = Literal["kernel", "dense"]
-"""How packed rows reach attention on a TPU: "kernel" = JAX's splash attention kernel with segment
-ids (workloads.train.packed_attention); "dense" = tunix's dense [rows, L, L] mask. Off TPU the
-dense path is always used."""
-
-RematPolicy = Annotated[Literal["full", "dots", "none"], pydantic.BeforeValidator(_remat_from_bool)]
-"""What the backward pass keeps of each decoder layer's forward pass: "full" remat keeps only
-the layer's input and recomputes the layer (least HBM, one extra forward); "dots" keeps the
-outputs of the weight matmuls and recomputes the rest (attention scores, norms, activation
-functions); "none" keeps everything (no recompute, most HBM). true/false mean full/none."""
-
-_BYTE_SIZE = pydantic.TypeAdapter(pydantic.ByteSize)
-
-
-def parse_size(text: str | int) -> int:
-    """`"5GB"` -> 5_000_000_000, `"512MiB"` -> 536_870_912; ints pass through (pydantic's
-    ByteSize: decimal and binary units, case-insensitive).
-
-    Raises:
-        ValueError: on anything else, naming the value and the accepted form.
-    """
-    if isinstance(text, int):
-        return text
-    try:
-        return int(_BYTE_SIZE.validate_python(str(text)))
-    except pydantic.ValidationError:
-        raise ValueError(
-            f"size {text!r} is not a number with an optional unit (B, KB, MB, GB, MiB, GiB)"
-        ) from None
-
+# The shared settings as the run config uses them unchanged.
+LoraSection = settings.LoraSettings
+MeshSection = settings.MeshSettings
+__all__ = ["ALL_LORA_TARGETS", "DEFAULT_LORA_TARGETS", "LoraSection", "MeshSection", "parse_size"]
 
 # Validation context key: set by `load`, which resolves relative local paths (module docstring).
 _RESOLVE_PATHS = "resolve_paths"
@@ -89,11 +44,7 @@ def _resolve_when_loading(value: str, info: pydantic.ValidationInfo) -> str:
 ConfigPath = Annotated[str, pydantic.AfterValidator(_resolve_when_loading)]
 
 
-class _Section(pydantic.BaseModel):
-    # inf/nan would reach the optimizer or the sampler; an empty string is never a valid value.
-    model_config = pydantic.ConfigDict(
-        extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False, str_min_length=1
-    )
+_Section = settings.Settings
 
 
 class ModelSection(_Section):
@@ -113,70 +64,15 @@ class ModelSection(_Section):
     )
 
 
-class DataSection(_Section):
+class DataSection(settings.DataSettings):
     """The training data: CodeV-R1 style JSONL with `prompt` and `response` fields."""
 
     dataset: ConfigPath = pydantic.Field(
         description="JSONL file (local or gs://) with prompt/response rows."
     )
-    max_rows: int | None = pydantic.Field(
-        10_000, ge=1, description="Read only the first N rows (the paper: 10,000); null = all."
-    )
-    max_seq_len: int = pydantic.Field(
-        3072,
-        gt=0,
-        multiple_of=128,
-        description="Tokens per training row; longer samples are DROPPED, never truncated.",
-    )
-    packing: bool = pydantic.Field(
-        True,
-        description="Pack several samples per row (block-diagonal attention) instead of padding.",
-    )
-    seed: int = pydantic.Field(0, ge=0, description="Seed of the deterministic sample order.")
-    shuffle: bool = pydantic.Field(
-        True, description="Shuffle sample order (deterministic from seed)."
-    )
 
 
-class LoraSection(_Section):
-    """The LoRA adapters (Qwix)."""
-
-    rank: int = pydantic.Field(64, gt=0, description="LoRA rank r.")
-    alpha: float = pydantic.Field(
-        64.0, gt=0, description="LoRA alpha; the delta is scaled by alpha/rank."
-    )
-    dropout: float = pydantic.Field(0.05, ge=0, lt=1, description="Dropout on the LoRA input.")
-    targets: tuple[str, ...] = pydantic.Field(
-        DEFAULT_LORA_TARGETS,
-        min_length=1,
-        description="Tunix module names to adapt; allowed: " + ", ".join(ALL_LORA_TARGETS) + ".",
-    )
-
-    @pydantic.field_validator("targets")
-    @classmethod
-    def _known_targets(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        unknown = [t for t in value if t not in ALL_LORA_TARGETS]
-        if unknown:
-            raise ValueError(
-                f"unknown LoRA target(s) {unknown}; allowed: {', '.join(ALL_LORA_TARGETS)}"
-            )
-        return value
-
-    @property
-    def scale(self) -> float:
-        return self.alpha / self.rank
-
-
-class MeshSection(_Section):
-    """The training device mesh; fsdp * tp must equal jax.device_count()."""
-
-    fsdp: int = pydantic.Field(1, ge=1, description="Data/parameter-sharding axis size.")
-    tp: int = pydantic.Field(
-        4, ge=1, description="Tensor-parallel axis size; must divide query, KV and global KV heads."
-    )
-
-
-class TrainSection(_Section):
+class TrainSection(settings.TrainSettings):
     """Optimisation, checkpointing and logging of the LoRA fine-tune."""
 
     output_dir: ConfigPath = pydantic.Field(
@@ -187,36 +83,9 @@ class TrainSection(_Section):
         description="TPU type this runs on (e.g. v5p-8; recorded for the cost report); "
         "null = not a catalog machine (a CPU, a GPU).",
     )
-    micro_batch: int = pydantic.Field(1, ge=1, description="Rows per forward pass (global).")
-    grad_accum: int = pydantic.Field(8, ge=1, description="Micro-batches per optimizer step.")
-    max_steps: int | None = pydantic.Field(
-        None, ge=1, description="Optimizer steps; null = one epoch over the kept samples."
-    )
-    epochs: int = pydantic.Field(
-        1, ge=1, description="Passes over the data when max_steps is null."
-    )
-    learning_rate: float = pydantic.Field(1e-4, gt=0, description="Peak AdamW learning rate.")
-    weight_decay: float = pydantic.Field(0.001, ge=0, description="AdamW weight decay.")
-    warmup_steps: int = pydantic.Field(
-        100, ge=0, description="Linear warm-up steps, then cosine to 0."
-    )
     max_grad_norm: float | None = pydantic.Field(
         None, gt=0, description="Global-norm gradient clipping; null = none (the paper's recipe)."
     )
-    mesh: MeshSection = pydantic.Field(MeshSection(), description="Device mesh.")
-    remat: RematPolicy = pydantic.Field(
-        "full",
-        description="Per-decoder-layer rematerialisation: full | dots | none (true = full, "
-        "false = none); see RematPolicy.",
-    )
-    attention: AttentionPath = pydantic.Field(
-        "kernel", description="Packed-row attention on TPU: kernel | dense; see AttentionPath."
-    )
-    save_every: int = pydantic.Field(100, ge=1, description="Checkpoint every N optimizer steps.")
-    keep_checkpoints: int = pydantic.Field(
-        3, ge=1, description="Checkpoints kept (oldest deleted)."
-    )
-    log_every: int = pydantic.Field(1, ge=1, description="Log metrics every N optimizer steps.")
     compile_cache_dir: ConfigPath | None = pydantic.Field(
         None, description="Persistent JAX compilation cache (local or gs://); null = off."
     )
@@ -234,29 +103,18 @@ class TrainSection(_Section):
         return join(self.output_dir, "tensorboard")
 
 
-class MergeSection(_Section):
+class MergeSection(settings.MergeSettings):
     """LoRA merge into Hugging Face safetensors shards."""
 
     out: ConfigPath = pydantic.Field(
         description="Output directory of the merged model (local or gs://)."
     )
-    shard_size: str = pydantic.Field("5GB", description="Largest shard file, e.g. 5GB or 512MiB.")
     step: int | None = pydantic.Field(None, ge=0, description="Checkpoint step; null = latest.")
 
-    @pydantic.field_validator("shard_size")
-    @classmethod
-    def _valid_size(cls, value: str) -> str:
-        if parse_size(value) <= 0:
-            raise ValueError(f"shard_size {value!r} must be positive")
-        return value
 
-
-class ServeSection(_Section):
+class ServeSection(settings.ServeSettings):
     """vLLM serving of the merged model on a TPU v6e host."""
 
-    image: str = pydantic.Field(
-        catalog.VLLM_TPU_IMAGE, description="vLLM TPU container image (pinned tag or digest)."
-    )
     model_dir: str = pydantic.Field(
         description="Merged model directory to serve (local or gs://), or a Hugging Face hub id "
         "(hf://org/name, or a bare org/name that is no local directory). Left as written by "
@@ -266,19 +124,11 @@ class ServeSection(_Section):
     local_dir: ConfigPath = pydantic.Field(
         "/dev/shm/models/merged", description="Where a gs:// model is staged on the host (RAM)."
     )
-    served_model_name: str = pydantic.Field(
-        "gemma-4-31b-verilog", description="Name in /v1/models."
-    )
     accelerator: str | None = pydantic.Field(
         None, description="TPU type of the serving host (e.g. v6e-8), for the cost report."
     )
-    tensor_parallel_size: int = pydantic.Field(8, ge=1, description="vLLM tensor parallelism.")
-    max_model_len: int = pydantic.Field(
-        16384, gt=0, description="Longest request (prompt + output)."
-    )
     # All interfaces on purpose: the firewall admits only the configured source ranges.
     host: str = pydantic.Field("0.0.0.0", description="Bind address (the firewall limits sources).")  # noqa: S104
-    port: int = pydantic.Field(8000, ge=1, le=65535, description="HTTP port of the OpenAI API.")
     shm_size: str = pydantic.Field("16G", description="Docker --shm-size.")
     compile_cache_dir: ConfigPath = pydantic.Field(
         "/dev/shm/vllm-xla-cache", description="Host dir mounted as the XLA compilation cache."
@@ -316,14 +166,16 @@ class ServeSection(_Section):
 
     @pydantic.field_validator("image")
     @classmethod
-    def _pinned_image(cls, value: str) -> str:
-        problem = catalog.serving_image_problem(value)
+    def _loads_gemma4(cls, value: str) -> str:
+        """Allowed: a vLLM TPU release that can load Gemma 4 (the stack checks the same only
+        when serving is on: rule_serving_image)."""
+        problem = catalog.vllm_tpu_image_problem(value)
         if problem:
-            raise ValueError(f"image {value!r}: {problem}")
+            raise ValueError(problem)
         return value
 
 
-class BenchSection(_Section):
+class BenchSection(settings.BenchSettings):
     """`vllm bench serve` sweep."""
 
     shapes: tuple[tuple[int, int], ...] = pydantic.Field(
@@ -334,7 +186,6 @@ class BenchSection(_Section):
     request_rates: tuple[Annotated[float, pydantic.AllowInfNan(True)], ...] = pydantic.Field(
         (1, 2, 4, 8, 16, 32, 64, float("inf")), description="Requests per second; inf = burst."
     )
-    num_prompts: int = pydantic.Field(200, ge=1, description="Prompts per sweep point.")
     results_dir: ConfigPath = pydantic.Field(
         description="Where per-point JSON and the tables go (local or gs://)."
     )
@@ -369,7 +220,7 @@ class BenchSection(_Section):
         return value
 
 
-class EvalSection(_Section):
+class EvalSection(settings.EvalSettings):
     """verilog-eval spec-to-rtl pass@k against the served endpoint."""
 
     problems_dir: ConfigPath = pydantic.Field(
@@ -381,10 +232,6 @@ class EvalSection(_Section):
     endpoint: str = pydantic.Field(
         "http://127.0.0.1:8000/v1", description="OpenAI-compatible base URL."
     )
-    n: int = pydantic.Field(5, ge=1, description="Samples per problem.")
-    temperature: float = pydantic.Field(0.8, ge=0, description="Sampling temperature.")
-    top_p: float = pydantic.Field(0.95, gt=0, le=1, description="Nucleus sampling.")
-    max_tokens: int = pydantic.Field(1024, ge=1, description="Max new tokens per sample.")
     concurrency: int = pydantic.Field(16, ge=1, description="Requests in flight.")
     sim_timeout_s: float = pydantic.Field(60, gt=0, description="Wall-clock limit per simulation.")
     ks: tuple[int, ...] = pydantic.Field((1, 5), description="k values of pass@k (each <= n).")
@@ -415,18 +262,10 @@ def join(base: str, *parts: str) -> str:
 
 
 def format_validation_error(exc: pydantic.ValidationError, source: str) -> str:
-    """One line per problem: `source: key.path: message (got value)`."""
-    lines = []
-    for problem in exc.errors():
-        key = ".".join(str(p) for p in problem["loc"]) or "(top level)"
-        message = problem["msg"]
-        if problem["type"] == "extra_forbidden":
-            message = "unknown key (typo?)"
-        elif problem["type"] == "missing":
-            message = "required key is missing"
-        got = "" if problem["type"] == "missing" else f" (got {problem.get('input')!r})"
-        lines.append(f"{source}: {key}: {message}{got}")
-    return "\n".join(lines)
+    """One line per problem: `source: key.path: bad value: what is allowed`."""
+    return "\n".join(
+        f"{source}: {line}" for line in settings.problem_lines(exc.errors(), RunConfig)
+    )
 
 
 def parse(

@@ -31,4 +31,4 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path):
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
-    assert f"{config}: modle: unknown key (typo?)" in proc.stderr
+    assert f"{config}: modle: unknown key (did you mean model?)" in proc.stderr

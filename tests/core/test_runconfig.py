@@ -41,15 +41,15 @@ def test_every_problem_is_reported_at_once_one_line_each():
     lines = str(info.value).splitlines()
     assert len(lines) == 4
     assert any(line.startswith("run.yaml: lora.targts: unknown key") for line in lines)
-    assert any(line.startswith("run.yaml: lora.rank:") and "(got 0)" in line for line in lines)
+    assert any(line.startswith("run.yaml: lora.rank: 0: a positive integer") for line in lines)
     assert any(line.startswith("run.yaml: data.max_seq_len:") and "128" in line for line in lines)
-    assert any(line == "run.yaml: train: required key is missing" for line in lines)
+    assert any(line.startswith("run.yaml: train: missing: required") for line in lines)
 
 
 def test_unknown_lora_target_names_the_allowed_ones():
     data = _minimal()
     data["lora"] = {"targets": ["q_proj"]}
-    with pytest.raises(errors.UserError, match=r"lora.targets: .*q_proj.*allowed: q_einsum"):
+    with pytest.raises(errors.UserError, match=r"lora.targets: .*q_proj.*one or more of q_einsum"):
         runconfig.parse(data)
 
 

@@ -152,7 +152,7 @@ CASES = [
         "data.maxSeqLen: 0: a positive multiple of 128",
     ),
     ("rank-zero", DEV, {"lora": {"rank": 0}}, True, "lora.rank: 0: a positive integer"),
-    ("alpha-negative", DEV, {"lora": {"alpha": -1}}, True, "lora.alpha: -1.0: a positive number"),
+    ("alpha-negative", DEV, {"lora": {"alpha": -1}}, True, "lora.alpha: -1: a positive number"),
     (
         "unknown-lora-target",
         DEV,

@@ -1,0 +1,323 @@
+"""The settings a user chooses, defined once: the stack config and the run config both use them.
+
+A stack config section (infra/config.py) is one of these models plus what only the cloud side
+needs (zones, provisioning, enabled flags), read with camelCase keys at the Pulumi edge. The run
+config a VM reads (workloads/runconfig.py) is one of these models plus where things live (gs://
+paths, ports on the host), and infra renders it as a projection of the stack config (`values_of`),
+not a field-by-field copy. So a constraint such as "lora.rank > 0" lives here and holds on both
+sides with the same one-line message.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Annotated, Any, Literal
+
+import pydantic
+
+from workloads import catalog
+
+# The six modules the paper's recipe adapts; `k_einsum` (the global layers' K=V projection) is
+# an optional seventh.
+DEFAULT_LORA_TARGETS = (
+    "q_einsum",
+    "kv_einsum",
+    "attn_vec_einsum",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+)
+ALL_LORA_TARGETS = (*DEFAULT_LORA_TARGETS, "k_einsum")
+
+
+def _remat_from_bool(value: Any) -> Any:
+    """true/false (the older boolean key) mean "full"/"none"."""
+    if isinstance(value, bool):
+        return "full" if value else "none"
+    return value
+
+
+AttentionPath = Literal["kernel", "dense"]
+"""How packed rows reach attention on a TPU: "kernel" = JAX's splash attention kernel with segment
+ids (workloads.train.packed_attention); "dense" = tunix's dense [rows, L, L] mask. Off TPU the
+dense path is always used."""
+
+RematPolicy = Annotated[Literal["full", "dots", "none"], pydantic.BeforeValidator(_remat_from_bool)]
+"""What the backward pass keeps of each decoder layer's forward pass: "full" remat keeps only
+the layer's input and recomputes the layer (least HBM, one extra forward); "dots" keeps the
+outputs of the weight matmuls and recomputes the rest (attention scores, norms, activation
+functions); "none" keeps everything (no recompute, most HBM). true/false mean full/none."""
+
+_BYTE_SIZE = pydantic.TypeAdapter(pydantic.ByteSize)
+
+
+def parse_size(text: str | int) -> int:
+    """`"5GB"` -> 5_000_000_000, `"512MiB"` -> 536_870_912; ints pass through (pydantic's
+    ByteSize: decimal and binary units, case-insensitive).
+
+    Raises:
+        ValueError: on anything else, naming the value and the accepted form.
+    """
+    if isinstance(text, int):
+        return text
+    try:
+        return int(_BYTE_SIZE.validate_python(str(text)))
+    except pydantic.ValidationError:
+        raise ValueError(
+            f"size {text!r} is not a number with an optional unit (B, KB, MB, GB, MiB, GiB)"
+        ) from None
+
+
+class Settings(pydantic.BaseModel):
+    """Base of every settings model: unknown keys are errors, values are frozen, and no key takes
+    an empty string or a non-finite number (each would only fail hours later on the VM)."""
+
+    model_config = pydantic.ConfigDict(
+        extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False, str_min_length=1
+    )
+
+
+def values_of(section: pydantic.BaseModel, settings: type[Settings]) -> dict[str, Any]:
+    """The values of `section` that belong to `settings` (one of its bases), by field name: the
+    projection from a stack config section onto the run config's."""
+    return section.model_dump(include=set(settings.model_fields))
+
+
+class DataSettings(Settings):
+    """Which samples train, in which order, in rows of which length."""
+
+    max_rows: int | None = pydantic.Field(
+        10_000, ge=1, description="Read only the first N rows (the paper: 10,000); null = all."
+    )
+    max_seq_len: int = pydantic.Field(
+        3072,
+        description="Tokens per row, a positive multiple of 128; longer samples are DROPPED, "
+        "never truncated.",
+    )
+    packing: bool = pydantic.Field(
+        True,
+        description="Pack several samples per row (block-diagonal attention); false = one "
+        "sample per row, padded (the paper's recipe, ~70% padding).",
+    )
+    seed: int = pydantic.Field(0, ge=0, description="Seed of the deterministic sample order.")
+    shuffle: bool = pydantic.Field(
+        True, description="Shuffle the sample order (deterministic from seed)."
+    )
+
+    @pydantic.field_validator("max_seq_len")
+    @classmethod
+    def _whole_tiles(cls, value: int) -> int:
+        """Allowed: a positive multiple of 128."""
+        # The TPU kernels and XLA's layouts tile the sequence in blocks of 128.
+        if value <= 0 or value % 128:
+            raise ValueError("a positive multiple of 128 (e.g. 3072)")
+        return value
+
+
+class LoraSettings(Settings):
+    """The LoRA adapters (Qwix)."""
+
+    rank: int = pydantic.Field(64, description="LoRA rank r (positive).")
+    alpha: float = pydantic.Field(
+        64.0, description="LoRA alpha (positive); the delta is scaled by alpha/rank."
+    )
+    dropout: float = pydantic.Field(0.05, description="Dropout on the LoRA input, in [0, 1).")
+    targets: tuple[str, ...] = pydantic.Field(
+        DEFAULT_LORA_TARGETS,
+        description="Tunix modules to adapt: " + ", ".join(ALL_LORA_TARGETS) + ".",
+    )
+
+    @pydantic.field_validator("rank")
+    @classmethod
+    def _positive_rank(cls, value: int) -> int:
+        """Allowed: a positive integer."""
+        if value <= 0:
+            raise ValueError("a positive integer (the paper: 64)")
+        return value
+
+    @pydantic.field_validator("alpha")
+    @classmethod
+    def _positive_alpha(cls, value: float) -> float:
+        """Allowed: a positive number."""
+        if value <= 0:
+            raise ValueError("a positive number (the paper: 64)")
+        return value
+
+    @pydantic.field_validator("dropout")
+    @classmethod
+    def _dropout_probability(cls, value: float) -> float:
+        """Allowed: in [0, 1)."""
+        if not 0 <= value < 1:
+            raise ValueError("in [0, 1)")
+        return value
+
+    @pydantic.field_validator("targets")
+    @classmethod
+    def _known_targets(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        """Allowed: a non-empty subset of the modules listed."""
+        if not value or any(t not in ALL_LORA_TARGETS for t in value):
+            raise ValueError("one or more of " + ", ".join(ALL_LORA_TARGETS))
+        return value
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
+class MeshSettings(Settings):
+    """The training device mesh; fsdp * tp must equal the slice's device count."""
+
+    fsdp: int = pydantic.Field(1, ge=1, description="Data/parameter-sharding axis size.")
+    tp: int = pydantic.Field(
+        4, ge=1, description="Tensor-parallel axis size; must divide query, KV and global KV heads."
+    )
+
+
+class TrainSettings(Settings):
+    """Optimisation, memory policy, checkpointing and logging of the LoRA fine-tune."""
+
+    micro_batch: int = pydantic.Field(1, ge=1, description="Rows per forward pass (global).")
+    grad_accum: int = pydantic.Field(8, ge=1, description="Micro-batches per optimizer step.")
+    max_steps: int | None = pydantic.Field(
+        None, ge=1, description="Optimizer steps; null = `epochs` passes over the data."
+    )
+    epochs: int = pydantic.Field(1, ge=1, description="Passes over the data when maxSteps is null.")
+    learning_rate: float = pydantic.Field(1e-4, gt=0, description="Peak AdamW learning rate.")
+    weight_decay: float = pydantic.Field(0.001, ge=0, description="AdamW weight decay.")
+    warmup_steps: int = pydantic.Field(
+        100, ge=0, description="Linear warm-up steps, then cosine to 0."
+    )
+    mesh: MeshSettings = pydantic.Field(default_factory=MeshSettings, description="Device mesh.")
+    remat: RematPolicy = pydantic.Field(
+        "full",
+        description="What the backward pass recomputes of each decoder layer: full (least "
+        "HBM), dots (keeps weight-matmul outputs), none (fastest, most HBM); true/false = "
+        "full/none. `python -m infra.preflight --compile` shows what fits.",
+    )
+    attention: AttentionPath = pydantic.Field(
+        "kernel",
+        description="How packed rows reach attention on the TPU: kernel (JAX's splash attention "
+        "with segment ids: no [rows, L, L] mask or scores in HBM) or dense (tunix's mask path, "
+        "for comparison).",
+    )
+    save_every: int = pydantic.Field(100, ge=1, description="Checkpoint every N optimizer steps.")
+    keep_checkpoints: int = pydantic.Field(
+        3, ge=1, description="Checkpoints kept (oldest deleted)."
+    )
+    log_every: int = pydantic.Field(1, ge=1, description="Log metrics every N optimizer steps.")
+
+
+class MergeSettings(Settings):
+    """The LoRA merge into Hugging Face safetensors shards."""
+
+    shard_size: str = pydantic.Field("5GB", description="Largest shard file, e.g. 5GB or 512MiB.")
+
+    @pydantic.field_validator("shard_size")
+    @classmethod
+    def _valid_size(cls, value: str) -> str:
+        """Allowed: a size such as 5GB or 512MiB."""
+        try:
+            if parse_size(value) > 0:
+                return value
+        except ValueError:
+            pass
+        raise ValueError("a size such as 5GB or 512MiB")
+
+
+class ServeSettings(Settings):
+    """vLLM serving of the merged model."""
+
+    image: str = pydantic.Field(
+        catalog.VLLM_TPU_IMAGE, description="vLLM TPU container image (pinned tag or digest)."
+    )
+    served_model_name: str = pydantic.Field(
+        "gemma-4-31b-verilog", description="Model name in /v1/models."
+    )
+    tensor_parallel_size: int = pydantic.Field(
+        8, ge=1, description="vLLM tensor parallelism (<= chips)."
+    )
+    max_model_len: int = pydantic.Field(
+        16384, ge=1, description="Longest request, prompt + output."
+    )
+    port: int = pydantic.Field(
+        8000, ge=1, le=65535, description="HTTP port of the OpenAI-compatible API."
+    )
+
+    @pydantic.field_validator("image")
+    @classmethod
+    def _pinned_image(cls, value: str) -> str:
+        """Allowed: a well-formed, pinned image reference (a tag other than latest, or a digest)."""
+        problem = catalog.image_reference_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+
+class EvalSettings(Settings):
+    """verilog-eval spec-to-rtl pass@k sampling."""
+
+    n: int = pydantic.Field(5, ge=1, description="Samples per problem.")
+    temperature: float = pydantic.Field(0.8, ge=0, description="Sampling temperature.")
+    top_p: float = pydantic.Field(0.95, gt=0, le=1, description="Nucleus sampling.")
+    max_tokens: int = pydantic.Field(1024, ge=1, description="Max new tokens per sample.")
+
+
+class BenchSettings(Settings):
+    """The `vllm bench serve` sweep."""
+
+    num_prompts: int = pydantic.Field(200, ge=1, description="Prompts per sweep point.")
+
+
+# ---------------------------------------------------------------------------------------------
+# One line per problem, for the stack config and the run config alike
+
+
+def _key_of(field_name: str, field: Any) -> str:
+    return str(field.alias or field_name)
+
+
+def _model_at(
+    root: type[pydantic.BaseModel], loc: tuple[Any, ...]
+) -> type[pydantic.BaseModel] | None:
+    """The model that owns the key at `loc` (keys as the user wrote them: aliases or names)."""
+    model = root
+    for part in loc[:-1]:
+        match = next(
+            (f for n, f in model.model_fields.items() if part in (n, f.alias)),
+            None,
+        )
+        annotation = getattr(match, "annotation", None)
+        # `Section | None` fields (optional run-config sections) are followed into the section.
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        found = [c for c in candidates if isinstance(c, type) and issubclass(c, pydantic.BaseModel)]
+        if not found:
+            return None
+        model = found[0]
+    return model
+
+
+def problem_lines(errors: list[Any], root: type[pydantic.BaseModel]) -> list[str]:
+    """One line per problem of `ValidationError.errors()` against `root`:
+    `key: bad value: what is allowed` (an unknown key gets the closest known one and the list)."""
+    lines = []
+    for problem in errors:
+        loc = tuple(problem["loc"])
+        key = ".".join(str(p) for p in loc) or "(top level)"
+        model = _model_at(root, loc) if loc else None
+        if problem["type"] == "extra_forbidden":
+            allowed = sorted(_key_of(n, f) for n, f in model.model_fields.items()) if model else []
+            close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            lines.append(f"{key}: unknown key{hint}: allowed keys here are {', '.join(allowed)}")
+        elif problem["type"] == "missing":
+            field = (
+                next((f for n, f in model.model_fields.items() if loc[-1] in (n, f.alias)), None)
+                if model
+                else None
+            )
+            lines.append(f"{key}: missing: required; {(field.description or '') if field else ''}")
+        else:
+            # A validator's own sentence comes without pydantic's "Value error, " prefix.
+            message = str(problem["msg"]).removeprefix("Value error, ")
+            lines.append(f"{key}: {problem.get('input')!r}: {message}")
+    return lines
