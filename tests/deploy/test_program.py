@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import config, ops, program, runconfig_render
+from infra import config, ops, program, runconfig_render, stack_config
 from infra.components import workloads as component
 from tests.fixtures import pulumi_mocks
 from workloads import runconfig
@@ -52,7 +52,7 @@ def wired(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("stack", ["dev", "prod"])
 def test_program_declares_one_deployment_per_vm(stack: str) -> None:
     mapping = pulumi_mocks.stack_file_config(stack)
-    cfg = config.parse_stack_config(mapping)
+    cfg = stack_config.parse_stack_config(mapping)
     rec = pulumi_mocks.run_program(stack, mapping, hf_token="hf_TEST_ONLY_0123456789")
 
     roles = ["train", "serve"] if cfg.serving.enabled else ["train"]

@@ -10,7 +10,7 @@ import dataclasses
 import pulumi
 import pytest
 
-from infra import compile_check, config, preflight
+from infra import compile_check, preflight, stack_config
 from tests.fixtures import pulumi_mocks
 from workloads import catalog
 
@@ -20,7 +20,7 @@ GIB = 2**30
 def _cfg(stack: str = "prod", **training: object):
     mapping = copy.deepcopy(pulumi_mocks.stack_file_config(stack))
     mapping["training"] = {**mapping["training"], **training}
-    return config.parse_stack_config(mapping, validate=False)
+    return stack_config.parse_stack_config(mapping, validate=False)
 
 
 def _depth(layers: int, *, base_gib: float = 4.0, per_layer_gib: float = 0.5, error=None):
@@ -72,7 +72,7 @@ def test_linear_extrapolation_and_holdout_residual(tmp_path):
     rows = cfg.training.micro_batch
     assert est.computed_tokens_per_s == pytest.approx(rows * 3072 / 0.61)
     assert est.real_tokens_per_s == pytest.approx(rows * 3072 / 0.61 * 0.994)
-    padded_cfg = config.parse_stack_config(
+    padded_cfg = stack_config.parse_stack_config(
         {**pulumi_mocks.stack_file_config("prod"), "data": {"packing": False}}, validate=False
     )
     padded = compile_check.estimate("prod", padded_cfg, est.depths)
@@ -202,10 +202,22 @@ def test_preview_shows_the_cached_result_without_compiling(tmp_path, monkeypatch
     assert summary is not None and summary.startswith("compile-check: fits (34.0 GiB of 95.0")
 
 
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_the_committed_results_are_those_of_todays_step(stack):
+    """`.compile-check/` holds each checked-in stack's result for the step as the code stands, so
+    `pulumi preview` shows a verdict and the README's figures come from this code. After an edit
+    to the step (STEP_SOURCES), a pin or a stack default, re-run
+    `python -m infra.preflight --compile --stack <stack>` and commit what it writes."""
+    cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config(stack), validate=False)
+    est = compile_check.check(stack, cfg, compile_fn=None, log=lambda _: None)
+    assert est is not None, f"no committed compile result for {stack}'s step as it stands"
+    assert est.fits and est.headroom >= 0.10, compile_check.verdict_line(est)
+
+
 def test_pulumi_program_refuses_a_step_the_compile_check_found_too_big(tmp_path, monkeypatch):
     monkeypatch.setattr(compile_check, "CACHE_DIR", tmp_path)
     mapping = pulumi_mocks.stack_file_config("prod")
-    cfg = config.parse_stack_config(copy.deepcopy(mapping), validate=False)
+    cfg = stack_config.parse_stack_config(copy.deepcopy(mapping), validate=False)
     compile_check.check(
         "prod",
         cfg,

@@ -8,7 +8,7 @@ import pulumi
 import pydantic
 import pytest
 
-from infra import config
+from infra import config, stack_config
 from tests.fixtures import pulumi_mocks
 
 STACKS = ("dev", "prod")
@@ -16,14 +16,16 @@ STACKS = ("dev", "prod")
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_stack_files_pass_validation(stack):
-    mapping = config.read_stack_file(pulumi_mocks.ROOT / f"Pulumi.{stack}.yaml")
-    cfg = config.parse_stack_config(mapping, has_hf_token=True)
+    mapping = stack_config.read_stack_file(pulumi_mocks.ROOT / f"Pulumi.{stack}.yaml")
+    cfg = stack_config.parse_stack_config(mapping, has_hf_token=True)
     assert cfg.project == config.PLACEHOLDER_PROJECT
     assert cfg.training.accelerator == "v5p-8"
 
 
 def test_dev_is_a_cheap_smoke_run():
-    cfg = config.parse_stack_config(config.read_stack_file(pulumi_mocks.ROOT / "Pulumi.dev.yaml"))
+    cfg = stack_config.parse_stack_config(
+        stack_config.read_stack_file(pulumi_mocks.ROOT / "Pulumi.dev.yaml")
+    )
     assert cfg.training.provisioning == "spot"
     assert cfg.training.max_steps is not None and 10 <= cfg.training.max_steps <= 100
     assert not cfg.serving.enabled
@@ -31,15 +33,17 @@ def test_dev_is_a_cheap_smoke_run():
 
 
 def test_prod_is_the_papers_fine_tune_packed_and_the_papers_run_is_one_key_away():
-    mapping = config.read_stack_file(pulumi_mocks.ROOT / "Pulumi.prod.yaml")
-    cfg = config.parse_stack_config(mapping)
+    mapping = stack_config.read_stack_file(pulumi_mocks.ROOT / "Pulumi.prod.yaml")
+    cfg = stack_config.parse_stack_config(mapping)
     # One epoch over the paper's rows, packed; 8 rows per optimizer step.
     assert cfg.training.max_steps is None and cfg.training.epochs == 1
     assert cfg.data.max_rows == 10_000 and cfg.data.max_seq_len == 3072 and cfg.data.packing
     assert cfg.training.micro_batch * cfg.training.grad_accum == 8
     # data.packing false: one sample per row, 8 samples per step, one epoch = the paper's 1,244
     # steps over its 9,959 kept rows; nothing else differs.
-    paper = config.parse_stack_config({**mapping, "data": {**mapping["data"], "packing": False}})
+    paper = stack_config.parse_stack_config(
+        {**mapping, "data": {**mapping["data"], "packing": False}}
+    )
     assert not paper.data.packing
     assert paper.training == cfg.training and paper.lora == cfg.lora
     assert 9_959 // (paper.training.micro_batch * paper.training.grad_accum) == 1244
@@ -75,7 +79,7 @@ def test_every_field_is_described_and_unknown_keys_are_forbidden():
 
 def test_typos_are_errors_with_a_suggestion():
     with pytest.raises(config.ConfigError) as info:
-        config.parse_stack_config(
+        stack_config.parse_stack_config(
             {"project": "my-project-1", "trainig": {}, "training": {"maxStep": 3}}, validate=False
         )
     problems = info.value.problems
@@ -88,7 +92,9 @@ def test_typos_are_errors_with_a_suggestion():
 def test_snake_case_keys_are_refused():
     # Keys are camelCase only: one spelling per key.
     with pytest.raises(config.ConfigError) as info:
-        config.parse_stack_config({"project": "my-project-1", "name_prefix": "x"}, validate=False)
+        stack_config.parse_stack_config(
+            {"project": "my-project-1", "name_prefix": "x"}, validate=False
+        )
     assert info.value.problems[0].startswith("name_prefix: unknown key (did you mean namePrefix?)")
 
 
@@ -98,7 +104,7 @@ def test_type_errors_and_rule_violations_are_reported_together():
     mapping["training"] = {**mapping["training"], "provisioning": "spott", "zone": "europe-west1-b"}
     mapping["data"] = {"maxSeqLen": 3000}
     with pytest.raises(config.ConfigError) as info:
-        config.parse_stack_config(mapping)
+        stack_config.parse_stack_config(mapping)
     problems = info.value.problems
     assert len(problems) == 5, problems
     # The schema's problems first, in key order, then the rules' on the rest of the config.
@@ -113,21 +119,21 @@ def test_type_errors_and_rule_violations_are_reported_together():
 
 def test_missing_project_names_the_key():
     with pytest.raises(config.ConfigError) as info:
-        config.parse_stack_config({})
+        stack_config.parse_stack_config({})
     assert info.value.problems[0].startswith("project: missing: required; Google Cloud project id")
 
 
 def test_reading_the_config_from_pulumi(tmp_path):
     mapping = pulumi_mocks.stack_file_config("prod")
     pulumi.runtime.set_mocks(pulumi_mocks.RecordingMocks(), project="gemma4-tpu", stack="prod")
-    values = config.pulumi_config_strings(mapping)
+    values = stack_config.pulumi_config_strings(mapping)
     values["gemma4-tpu:hfToken"] = "hf_x"
     values["gemma4-tpu:servign"] = json.dumps({"enabled": True})  # a top-level typo
     values["other-project:key"] = "ignored"
     pulumi.runtime.set_all_config(values, ["gemma4-tpu:hfToken"])
-    assert config.read_pulumi_mapping().keys() == {*mapping.keys(), "servign"}
+    assert stack_config.read_pulumi_mapping().keys() == {*mapping.keys(), "servign"}
     with pytest.raises(config.ConfigError) as info:
-        config.load_stack_config()
+        stack_config.load_stack_config()
     assert info.value.problems == [
         "servign: unknown key (did you mean serving?): allowed keys here are "
         + ", ".join(sorted(f.alias or n for n, f in config.StackConfig.model_fields.items()))
@@ -135,20 +141,20 @@ def test_reading_the_config_from_pulumi(tmp_path):
     del values["gemma4-tpu:servign"]
     values["gemma4-tpu:project"] = "123456"  # a string key stays a string
     pulumi.runtime.set_all_config(values, ["gemma4-tpu:hfToken"])
-    assert config.read_pulumi_mapping()["project"] == "123456"
+    assert stack_config.read_pulumi_mapping()["project"] == "123456"
     values["gemma4-tpu:project"] = "my-project-1"
     pulumi.runtime.set_all_config(values, ["gemma4-tpu:hfToken"])
-    cfg, token = config.load_stack_config()
+    cfg, token = stack_config.load_stack_config()
     assert cfg.serving.enabled and isinstance(token, pulumi.Output)
 
 
 def test_a_plain_text_token_is_refused():
     pulumi.runtime.set_mocks(pulumi_mocks.RecordingMocks(), project="gemma4-tpu", stack="dev")
-    values = config.pulumi_config_strings(pulumi_mocks.stack_file_config("dev"))
+    values = stack_config.pulumi_config_strings(pulumi_mocks.stack_file_config("dev"))
     values["gemma4-tpu:hfToken"] = "hf_plain"
     pulumi.runtime.set_all_config(values, [])
     with pytest.raises(config.ConfigError) as info:
-        config.load_stack_config()
+        stack_config.load_stack_config()
     assert info.value.problems[0].startswith("hfToken: stored in plain text")
 
 
@@ -158,5 +164,5 @@ def test_stack_file_reader_drops_secrets(tmp_path):
         "config:\n  gemma4-tpu:project: my-project-1\n  gemma4-tpu:hfToken:\n    secure: AAABBB\n"
         "  gcp:project: elsewhere\n"
     )
-    assert config.read_stack_file(path) == {"project": "my-project-1"}
-    assert config.stack_file_has_hf_token(path)
+    assert stack_config.read_stack_file(path) == {"project": "my-project-1"}
+    assert stack_config.stack_file_has_hf_token(path)

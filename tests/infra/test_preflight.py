@@ -7,7 +7,7 @@ import copy
 from google.api_core import exceptions
 from google.cloud import tpu_v2
 
-from infra import config, preflight
+from infra import preflight, stack_config
 from tests.fixtures import pulumi_mocks
 
 PROJECT = "my-project-1"
@@ -53,7 +53,7 @@ def _cfg(stack="prod", **overrides):
     mapping["project"] = PROJECT
     mapping["ssh"]["sourceRanges"] = ["192.168.10.0/24"]
     mapping.update(overrides)
-    return config.parse_stack_config(mapping)
+    return stack_config.parse_stack_config(mapping)
 
 
 def _healthy():

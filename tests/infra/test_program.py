@@ -13,7 +13,7 @@ import json
 import pulumi
 import pytest
 
-from infra import config, startup
+from infra import config, stack_config, startup
 from infra.components import bucket as bucket_mod
 from infra.components import service_account as sa_mod
 from tests.fixtures import pulumi_mocks
@@ -71,7 +71,7 @@ def run(request):
     stack = request.param
     mapping = pulumi_mocks.stack_file_config(stack)
     recording = pulumi_mocks.run_program(stack, mapping, hf_token=TOKEN)
-    cfg = config.parse_stack_config(mapping)
+    cfg = stack_config.parse_stack_config(mapping)
     return stack, cfg, recording
 
 
@@ -336,9 +336,9 @@ def test_a_serving_image_without_gemma4_fails_before_any_resource():
 
 
 def test_a_digest_pinned_serving_image_reaches_the_run_config_and_the_default_is_the_catalogs():
-    assert config.parse_stack_config(pulumi_mocks.stack_file_config("prod")).serving.image == (
-        catalog.VLLM_TPU_IMAGE
-    )
+    assert stack_config.parse_stack_config(
+        pulumi_mocks.stack_file_config("prod")
+    ).serving.image == (catalog.VLLM_TPU_IMAGE)
     digest = "vllm/vllm-tpu@sha256:" + "ab" * 32
     mapping = pulumi_mocks.stack_file_config("prod")
     mapping["serving"] = {**mapping["serving"], "image": digest}

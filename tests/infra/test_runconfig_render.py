@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import yaml
 
-from infra import config, runconfig_render
+from infra import runconfig_render, stack_config
 from tests.fixtures import pulumi_mocks
 from workloads import runconfig
 
 
 def _render(stack):
-    cfg = config.parse_stack_config(pulumi_mocks.stack_file_config(stack))
+    cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config(stack))
     return cfg, runconfig_render.render_run_config(cfg)
 
 
@@ -57,6 +57,6 @@ def test_dev_run_config_has_no_serving_sections():
 
 def test_yaml_round_trips_through_the_workloads_schema():
     for stack in ("dev", "prod"):
-        cfg = config.parse_stack_config(pulumi_mocks.stack_file_config(stack))
+        cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config(stack))
         text = runconfig_render.render_run_config_yaml(cfg)
         assert runconfig.parse(yaml.safe_load(text)) == runconfig_render.render_run_config(cfg)

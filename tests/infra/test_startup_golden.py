@@ -14,7 +14,7 @@ import subprocess
 import jinja2
 import pytest
 
-from infra import config, startup, templating
+from infra import stack_config, startup, templating
 from tests.fixtures import pulumi_mocks
 
 GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "golden" / "startup"
@@ -23,7 +23,7 @@ GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "golden" / "startup"
 def _scripts() -> dict[str, str]:
     scripts = {}
     for stack in ("dev", "prod"):
-        cfg = config.parse_stack_config(pulumi_mocks.stack_file_config(stack))
+        cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config(stack))
         scripts[f"{stack}-train.sh"] = startup.render_train(cfg, has_hf_secret=True)
         if cfg.serving.enabled:
             scripts[f"{stack}-serve.sh"] = startup.render_serve(cfg)
@@ -116,7 +116,7 @@ def test_no_token_looking_value_in_any_script():
 
 
 def test_values_are_quoted_by_the_filter():
-    cfg = config.parse_stack_config(pulumi_mocks.stack_file_config("dev"))
+    cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("dev"))
     context = startup.train_context(cfg, has_hf_secret=True)
     evil = "evil/repo'; touch /tmp/pwned #$(id)"
     context["hf_repo"] = evil
@@ -129,7 +129,7 @@ def test_values_are_quoted_by_the_filter():
 
 
 def test_missing_variable_is_an_error():
-    cfg = config.parse_stack_config(pulumi_mocks.stack_file_config("dev"))
+    cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("dev"))
     context = startup.train_context(cfg, has_hf_secret=True)
     del context["model_uri"]
     with pytest.raises(jinja2.UndefinedError):

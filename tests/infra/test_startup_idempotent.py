@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from infra import config, startup, templating
+from infra import stack_config, startup, templating
 from tests.fixtures import pulumi_mocks
 
 # A stand-in for the Cloud SDK: gs://X is $FAKE_GCS/X; every call is logged to $FAKE_GCS/calls.
@@ -84,7 +84,7 @@ def _calls(tmp: pathlib.Path, verb: str) -> list[str]:
 
 
 def test_training_staging_skips_a_complete_copy_and_redoes_an_interrupted_one(tmp):
-    cfg = config.parse_stack_config(pulumi_mocks.stack_file_config("dev"))
+    cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("dev"))
     context = startup.train_context(cfg, has_hf_secret=True)
     stage = tmp / "shm" / "models" / "base"
     context |= {
@@ -127,7 +127,7 @@ def test_training_staging_skips_a_complete_copy_and_redoes_an_interrupted_one(tm
 
 
 def test_training_staging_without_a_model_and_without_hub_download_fails_clearly(tmp):
-    cfg = config.parse_stack_config(pulumi_mocks.stack_file_config("dev"))
+    cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("dev"))
     context = startup.train_context(cfg, has_hf_secret=False)
     context |= {
         "stage_dir": str(tmp / "shm" / "base"),
@@ -142,7 +142,7 @@ def test_training_staging_without_a_model_and_without_hub_download_fails_clearly
 
 
 def test_serving_staging_skips_the_same_merged_model_and_restages_a_new_one(tmp):
-    cfg = config.parse_stack_config(pulumi_mocks.stack_file_config("prod"))
+    cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("prod"))
     context = startup.serve_context(cfg)
     merged_dir = tmp / "shm" / "merged"
     (tmp / "shm").mkdir()

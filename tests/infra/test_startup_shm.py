@@ -9,7 +9,7 @@ import pathlib
 
 import pytest
 
-from infra import config, startup, templating, validation
+from infra import stack_config, startup, templating, validation
 from tests.fixtures import pulumi_mocks
 from tests.infra.test_startup_idempotent import _run
 from workloads import catalog
@@ -64,11 +64,11 @@ def host(tmp_path: pathlib.Path):
 
 def _script(role: str) -> tuple[str, int]:
     if role == "train":
-        cfg = config.parse_stack_config(pulumi_mocks.stack_file_config("dev"))
+        cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("dev"))
         return templating.render(
             "startup/train.sh.j2", **startup.train_context(cfg, has_hf_secret=True)
         ), validation.training_shm_bytes(cfg)
-    cfg = config.parse_stack_config(pulumi_mocks.stack_file_config("prod"))
+    cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("prod"))
     return templating.render(
         "startup/serve.sh.j2", **startup.serve_context(cfg)
     ), validation.serving_shm_bytes(cfg)
@@ -88,7 +88,7 @@ def test_a_big_enough_shm_is_left_alone(host, role):
 def test_the_v5p_hosts_default_shm_holds_the_training_stack_with_the_merge():
     """The documented v5p host (448 GB) boots with a 224 GB /dev/shm: base + merged weights +
     working set (157 GB for the checked-in stacks) fit without growing it."""
-    cfg = config.parse_stack_config(pulumi_mocks.stack_file_config("prod"))
+    cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("prod"))
     v5p = catalog.accelerator("v5p-8")
     assert v5p.shm_bytes == 224 * 10**9
     assert validation.training_shm_bytes(cfg) <= v5p.shm_bytes

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from infra import config, validation
+from infra import config, stack_config, validation
 from tests.fixtures import pulumi_mocks
 from workloads import catalog
 
@@ -485,7 +485,7 @@ def test_the_table_is_large_and_ids_are_unique():
 )
 def test_invalid_config_names_key_value_and_what_is_allowed(base, override, has_token, expected):
     with pytest.raises(config.ConfigError) as info:
-        config.parse_stack_config(_merge(base, override), has_hf_token=has_token)
+        stack_config.parse_stack_config(_merge(base, override), has_hf_token=has_token)
     matching = [p for p in info.value.problems if p.startswith(expected)]
     assert len(matching) == 1, f"expected one line starting {expected!r}, got {info.value.problems}"
     # One line each, always `key: value: allowed`.
@@ -496,7 +496,7 @@ def test_invalid_config_names_key_value_and_what_is_allowed(base, override, has_
 
 def test_valid_variants_pass():
     # v5p-16 with a mesh over its 8 devices and a micro-batch that splits over hosts and fsdp.
-    cfg = config.parse_stack_config(
+    cfg = stack_config.parse_stack_config(
         _merge(
             DEV,
             {"training": {"accelerator": "v5p-16", "microBatch": 2, "mesh": {"fsdp": 2, "tp": 4}}},
@@ -505,27 +505,27 @@ def test_valid_variants_pass():
     )
     assert cfg.training.accelerator == "v5p-16"
     # 0.0.0.0/0 only when explicitly allowed.
-    config.parse_stack_config(
+    stack_config.parse_stack_config(
         _merge(DEV, {"ssh": {"sourceRanges": ["0.0.0.0/0"], "allowFromAnywhere": True}}),
         has_hf_token=True,
     )
     # Serving in the training region shares the one bucket.
-    cfg = config.parse_stack_config(
+    cfg = stack_config.parse_stack_config(
         _merge(PROD, {"serving": {"zone": "us-central1-b", "zoneFallbacks": []}}), has_hf_token=True
     )
     assert cfg.shared_bucket and cfg.serving_bucket_name == cfg.training_bucket_name
     # Data in any readable bucket.
-    config.parse_stack_config(
+    stack_config.parse_stack_config(
         _merge(DEV, {"data": {"dataset": "gs://my-data_1.example/codev/r1.jsonl"}}),
         has_hf_token=True,
     )
     # No token needed when the bucket already holds the model.
-    config.parse_stack_config(
+    stack_config.parse_stack_config(
         _merge(DEV, {"model": {"downloadFromHub": False}}), has_hf_token=False
     )
     # A shared VPC by path, a subnetwork by URL, an org's model fork, a served name with a slash,
     # an image in another registry with a port, a digest-pinned image.
-    config.parse_stack_config(
+    stack_config.parse_stack_config(
         _merge(
             PROD,
             {
@@ -542,7 +542,9 @@ def test_valid_variants_pass():
         "registry.example.com:5000/ml/vllm-tpu:2026-11-01",
         "us-docker.pkg.dev/acme/ml/vllm-tpu@sha256:" + "0a" * 32,
     ):
-        config.parse_stack_config(_merge(PROD, {"serving": {"image": image}}), has_hf_token=True)
+        stack_config.parse_stack_config(
+            _merge(PROD, {"serving": {"image": image}}), has_hf_token=True
+        )
 
 
 @pytest.mark.parametrize(
@@ -558,12 +560,14 @@ def test_valid_variants_pass():
     ],
 )
 def test_serving_images_that_may_serve_gemma4_pass(image):
-    cfg = config.parse_stack_config(_merge(PROD, {"serving": {"image": image}}), has_hf_token=True)
+    cfg = stack_config.parse_stack_config(
+        _merge(PROD, {"serving": {"image": image}}), has_hf_token=True
+    )
     assert cfg.serving.image == image
 
 
 def test_the_default_serving_image_is_the_catalogs_and_clears_the_floor():
-    cfg = config.parse_stack_config(PROD, has_hf_token=True)
+    cfg = stack_config.parse_stack_config(PROD, has_hf_token=True)
     assert cfg.serving.image == catalog.VLLM_TPU_IMAGE
     assert catalog.vllm_tpu_image_problem(catalog.VLLM_TPU_IMAGE) is None
     for old in ("vllm/vllm-tpu:v0.19.0", "vllm/vllm-tpu:0.10.0", "vllm/vllm-tpu:v0.18.0@sha256:ab"):
@@ -571,14 +575,14 @@ def test_the_default_serving_image_is_the_catalogs_and_clears_the_floor():
 
 
 def test_the_image_floor_applies_only_when_serving_is_on():
-    config.parse_stack_config(
+    stack_config.parse_stack_config(
         _merge(DEV, {"serving": {"enabled": False, "image": "vllm/vllm-tpu:v0.11.1"}}),
         has_hf_token=True,
     )
 
 
 def test_estimates_for_the_papers_setup():
-    prod = config.parse_stack_config(PROD)
+    prod = stack_config.parse_stack_config(PROD)
     v5p = catalog.accelerator("v5p-8")
     v6e = catalog.accelerator("v6e-8")
     train = validation.training_hbm_bytes(prod)
