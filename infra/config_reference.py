@@ -31,7 +31,7 @@ from typing import Any
 import pydantic
 
 from infra import config as config_mod
-from infra import validation
+from infra import sizing, validation
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "config.md"
@@ -174,8 +174,12 @@ def _attribute_chain(node: ast.expr) -> tuple[str, tuple[str, ...]] | None:
 
 @functools.cache
 def _module_functions() -> dict[str, ast.FunctionDef]:
-    tree = ast.parse(inspect.getsource(validation))
-    return {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    """The functions a rule may call by name: the rules' module and the estimates it imports."""
+    out = {}
+    for module in (sizing, validation):
+        tree = ast.parse(inspect.getsource(module))
+        out.update({n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)})
+    return out
 
 
 @functools.cache

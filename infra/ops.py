@@ -1,20 +1,16 @@
 """Operator commands: `python -m infra.ops status|logs|stop|restart|ssh|tunnel|recover`.
 
-Everything comes from the stack's outputs (`pulumi stack output --json`, or `--outputs FILE`):
-the `deployments` output maps a role ("train", "serve") to what infra.components.workloads
-exports as `ops_info` (worker addresses, SSH identity, units, run directory, serving port).
+Everything comes from the stack's outputs (infra.stack_client, or `--outputs FILE` written by
+`pulumi stack output --json`), read into infra.stack_outputs.VmInfo records.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import dataclasses
 import json
 import os
 import shlex
-import shutil
-import subprocess
 import sys
 import threading
 import traceback
@@ -23,110 +19,10 @@ from typing import Any, TextIO
 
 import fabric
 
-from infra import remote, ssh
+from infra import recover, remote, ssh
+from infra.stack_outputs import OpsError, VmInfo, load_outputs, vm_info
 
 ROLES = ("train", "serve")
-
-
-class OpsError(Exception):
-    """A problem the operator can fix; printed as one line."""
-
-
-@dataclasses.dataclass(frozen=True)
-class VmInfo:
-    """One VM of the stack as its deployment exported it."""
-
-    role: str
-    vm: str
-    hosts: list[str]
-    settings: ssh.SshSettings
-    use_sudo: bool
-    remote_root: str
-    units: list[str]
-    start: list[str]
-    project: str | None = None
-    zone: str | None = None
-    run_dir: str | None = None
-    serve_port: int | None = None
-
-    @classmethod
-    def from_output(cls, role: str, data: dict[str, Any]) -> VmInfo:
-        settings = ssh.SshSettings(
-            user=str(data["ssh_user"]),
-            key_path=data.get("ssh_key_path") or None,
-            known_hosts=str(data.get("known_hosts") or ssh.DEFAULT_KNOWN_HOSTS),
-            port=int(data.get("port") or 22),
-        )
-        units = [str(u) for u in data.get("units") or []]
-        return cls(
-            role=role,
-            vm=str(data.get("vm") or role),
-            hosts=[str(h) for h in data.get("hosts") or []],
-            settings=settings,
-            use_sudo=bool(data.get("use_sudo", settings.user != "root")),
-            remote_root=str(data.get("remote_root") or "/"),
-            units=units,
-            start=[str(u) for u in data.get("start") or units[:1]],
-            project=data.get("project"),
-            zone=data.get("zone"),
-            run_dir=data.get("run_dir"),
-            serve_port=int(data["serve_port"]) if data.get("serve_port") else None,
-        )
-
-    def label(self, index: int) -> str:
-        return f"[{self.vm} w{index} {self.hosts[index]}]"
-
-
-def load_outputs(stack: str | None = None, outputs_file: str | None = None) -> dict[str, Any]:
-    """The stack's outputs as a dict.
-
-    Raises:
-        OpsError: the file cannot be read, or the pulumi CLI is missing or fails.
-    """
-    if outputs_file:
-        try:
-            with open(outputs_file) as handle:
-                data = json.load(handle)
-        except (OSError, json.JSONDecodeError) as exc:
-            raise OpsError(f"cannot read stack outputs from {outputs_file}: {exc}") from None
-    else:
-        pulumi = shutil.which("pulumi")
-        if pulumi is None:
-            raise OpsError(
-                "the pulumi CLI is not on PATH "
-                "(or pass --outputs FILE written by `pulumi stack output --json`)"
-            )
-        argv = [pulumi, "stack", "output", "--json", *(["--stack", stack] if stack else [])]
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise OpsError(f"`{shlex.join(argv[1:])}` failed: {last}")
-        data = json.loads(proc.stdout or "{}")
-    if not isinstance(data, dict):
-        raise OpsError("stack outputs are not a JSON object")
-    return data
-
-
-def vm_info(outputs: dict[str, Any], role: str, *, require_hosts: bool = True) -> VmInfo:
-    """The deployment info of the stack's `role` VM (`require_hosts=False`: addresses optional).
-
-    Raises:
-        OpsError: the stack has no deployments output, no such VM, or no worker addresses.
-    """
-    deployments = outputs.get("deployments")
-    if not isinstance(deployments, dict) or not deployments:
-        raise OpsError(
-            "the stack has no 'deployments' output: run `pulumi up` first (or check --stack)"
-        )
-    data = deployments.get(role)
-    if not isinstance(data, dict):
-        have = ", ".join(sorted(deployments)) or "none"
-        hint = " (the serving VM exists only with serving.enabled: true)" if role == "serve" else ""
-        raise OpsError(f"the stack has no {role} VM{hint}; it has: {have}")
-    info = VmInfo.from_output(role, data)
-    if require_hosts and not info.hosts:
-        raise OpsError(f"the {role} VM {info.vm} has no worker addresses in the stack outputs yet")
-    return info
 
 
 def _connections(info: VmInfo) -> list[fabric.Connection]:
@@ -426,8 +322,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p = add("tunnel", "forward the serving port to localhost", "serve")
     p.add_argument("--port", type=int, help="local port (default: the serving port)")
-    from infra import recover  # lazy: infra.recover imports this module
-
     recover.add_arguments(add("recover", recover.HELP, "train"))
     return parser
 
@@ -444,8 +338,6 @@ def main(
     out = out or sys.stdout
     try:
         if args.command == "recover":
-            from infra import recover
-
             return recover.run(args, out, tpu_client_factory=tpu_client_factory)
         info = vm_info(load_outputs(args.stack, args.outputs), args.vm)
         if args.command == "status":
@@ -480,8 +372,4 @@ def _exec(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    # Run the `infra.ops` module object, not `__main__`: infra.recover imports infra.ops, and
-    # its OpsError must be the class that main() catches.
-    from infra import ops
-
-    sys.exit(ops.main())
+    sys.exit(main())

@@ -20,14 +20,12 @@ import dataclasses
 import ipaddress
 import os
 import pathlib
-import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from infra import config as config_mod
-from infra import validation
+from infra import stack_client, stack_config, validation
 from workloads import catalog
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -245,21 +243,7 @@ def verdict(checks: list[Check]) -> tuple[bool, str]:
 def _default_stack() -> str:
     if os.environ.get("PULUMI_STACK"):
         return os.environ["PULUMI_STACK"]
-    pulumi_cli = shutil.which("pulumi")
-    if pulumi_cli:
-        try:
-            out = subprocess.run(
-                [pulumi_cli, "stack", "--show-name"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                cwd=ROOT,
-            )
-            if out.returncode == 0 and out.stdout.strip():
-                return out.stdout.strip()
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    return "dev"
+    return stack_client.current_stack_name(ROOT) or "dev"
 
 
 def _depths(text: str) -> tuple[int, ...]:
@@ -338,8 +322,8 @@ def main(argv: list[str] | None = None, client_factory: Callable[[], TpuApi] = _
     try:
         # The compile check measures the settings as they are; validation's own verdict on
         # them (its HBM rule is a deliberate over-estimate) is printed next to it.
-        cfg = config_mod.parse_stack_config(
-            config_mod.read_stack_file(path), validate=not args.compile
+        cfg = stack_config.parse_stack_config(
+            stack_config.read_stack_file(path), validate=not args.compile
         )
     except config_mod.ConfigError as exc:
         for problem in exc.problems:
@@ -352,7 +336,7 @@ def main(argv: list[str] | None = None, client_factory: Callable[[], TpuApi] = _
         return _compile_check(stack, cfg, args.depths)
     print(f"preflight: stack {stack} (project {cfg.project}), read-only")
     ok, report = verdict(
-        run_preflight(cfg, client_factory, has_hf_token=config_mod.stack_file_has_hf_token(path))
+        run_preflight(cfg, client_factory, has_hf_token=stack_config.stack_file_has_hf_token(path))
     )
     print(report)
     return 0 if ok else 1

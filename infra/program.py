@@ -15,7 +15,7 @@ from typing import Any
 
 import pulumi
 
-from infra import compile_check, runconfig_render, startup
+from infra import compile_check, runconfig_render, stack_config, startup
 from infra import config as config_mod
 from infra.components import apis as apis_mod
 from infra.components import bucket as bucket_mod
@@ -363,7 +363,7 @@ def run() -> StackResources:
         pulumi.RunError: the config is invalid (every problem, one line each); nothing declared.
     """
     try:
-        cfg, token = config_mod.load_stack_config()
+        cfg, token = stack_config.load_stack_config()
         ssh_keys = resolve_ssh_keys(cfg)
     except config_mod.ConfigError as exc:
         lines = "\n".join(f"  {p}" for p in exc.problems)

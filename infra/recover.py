@@ -8,24 +8,22 @@ node's state from the Cloud TPU API and, when the node is PREEMPTED, TERMINATED 
 redeploys, and the training unit resumes from the latest checkpoint on GCS. `--watch` repeats the
 check until the run's train_summary.json exists.
 
-Every step is a plain function taking its clients (the TPU API, the pulumi CLI via PATH, sleep),
-so tests drive it with fakes at those boundaries.
+Every step is a plain function taking its clients (the TPU API, the stack client of
+infra.stack_client, sleep), so tests drive it with fakes at those boundaries.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import shlex
-import shutil
-import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol, TextIO
 
-from infra import ops
+from infra.stack_client import StackClient, StackClientError
+from infra.stack_outputs import OpsError, load_outputs, vm_info
 
 HELP = "recreate a preempted spot/preemptible TPU VM (pulumi up --replace); the job resumes"
 V2VM_TYPE = "gcp:tpu/v2Vm:V2Vm"
@@ -37,7 +35,7 @@ DEFAULT_MAX_RECOVERIES = 10
 MAX_FAILED_CHECKS = 5
 
 
-class UpFailed(ops.OpsError):
+class UpFailed(OpsError):
     """`pulumi up --replace` exited non-zero (capacity, quota, a locked stack): worth retrying."""
 
 
@@ -75,11 +73,11 @@ def target_from_outputs(outputs: dict[str, Any], role: str) -> Target:
     Raises:
         OpsError: no such VM in the stack, or its project or zone is not in the outputs.
     """
-    info = ops.vm_info(outputs, role, require_hosts=False)
+    info = vm_info(outputs, role, require_hosts=False)
     zone = info.zone or outputs.get(f"{role}Zone")
     node = info.vm if info.vm != role else str(outputs.get(f"{role}Node") or role)
     if not info.project or not zone:
-        raise ops.OpsError(
+        raise OpsError(
             f"the stack outputs name no project/zone for the {role} VM {node}: "
             "run `pulumi up` once with this checkout to refresh the outputs"
         )
@@ -98,7 +96,7 @@ def node_state(client: TpuApi, target: Target) -> str:
     except Exception as exc:
         if _is_not_found(exc):
             return "NOT_FOUND"
-        raise ops.OpsError(
+        raise OpsError(
             f"cannot read the state of TPU node {target.resource_name}: {_first_line(exc)}"
         ) from exc
     state = getattr(node, "state", None)
@@ -137,13 +135,13 @@ def find_urn(export: dict[str, Any], target: Target) -> str:
         in_zone = [r for r in matches if (r.get("inputs") or {}).get("zone") == target.zone]
         matches = in_zone or matches
     if not matches:
-        raise ops.OpsError(
+        raise OpsError(
             f"no {V2VM_TYPE} resource named {target.node} in the stack's state "
             "(`pulumi stack export`): this stack does not manage that node"
         )
     if len(matches) > 1:
         urns = ", ".join(str(r.get("urn")) for r in matches)
-        raise ops.OpsError(f"several {V2VM_TYPE} resources named {target.node}: {urns}")
+        raise OpsError(f"several {V2VM_TYPE} resources named {target.node}: {urns}")
     return str(matches[0]["urn"])
 
 
@@ -152,75 +150,20 @@ def stack_of(urn: str) -> str:
     return urn.split("::", 1)[0].rsplit(":", 1)[-1]
 
 
-@dataclasses.dataclass(frozen=True)
-class PulumiCli:
-    """The `pulumi` executable found on PATH, for one stack (None: the selected stack)."""
+def stack_client(stack: str | None) -> StackClient:
+    """The stack client recover replaces the node with (needed only once something is lost).
 
-    binary: str
-    stack: str | None = None
-
-    @classmethod
-    def find(cls, stack: str | None) -> PulumiCli:
-        """Raises: OpsError: no `pulumi` on PATH."""
-        binary = shutil.which("pulumi")
-        if binary is None:
-            raise ops.OpsError(
-                "the pulumi CLI is not on PATH: recover recreates the VM with `pulumi up "
-                "--replace` (install it: https://www.pulumi.com/docs/install/)"
-            )
-        return cls(binary, stack)
-
-    def _stack_args(self, stack: str | None = None) -> list[str]:
-        chosen = stack or self.stack
-        return ["--stack", chosen] if chosen else []
-
-    def export(self) -> dict[str, Any]:
-        """The stack's state (`pulumi stack export`).
-
-        Raises:
-            OpsError: the command failed or printed no JSON object.
-        """
-        argv = [self.binary, "stack", "export", *self._stack_args()]
-        proc = subprocess.run(
-            argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False
-        )
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise ops.OpsError(f"`{shlex.join(argv[1:])}` failed: {last}")
-        try:
-            data = json.loads(proc.stdout)
-        except json.JSONDecodeError as exc:
-            raise ops.OpsError(f"`{shlex.join(argv[1:])}` printed no JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise ops.OpsError(f"`{shlex.join(argv[1:])}` printed no JSON object")
-        return data
-
-    def replace_argv(self, urn: str) -> list[str]:
-        """The `pulumi up` command line that replaces one resource (the stack named explicitly)."""
-        return [
-            self.binary,
-            "up",
-            "--yes",
-            "--skip-preview",
-            "--replace",
-            urn,
-            *self._stack_args(self.stack or stack_of(urn)),
-        ]
-
-    def replace(self, urn: str, out: TextIO) -> None:
-        """Runs the replacement; Pulumi's own progress goes straight to this terminal.
-
-        Raises:
-            UpFailed: pulumi exited non-zero.
-        """
-        argv = self.replace_argv(urn)
-        out.flush()
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, check=False)
-        if proc.returncode != 0:
-            raise UpFailed(
-                f"`pulumi {shlex.join(argv[1:])}` failed with exit code {proc.returncode} "
-                "(its output is above)"
-            )
+    Raises:
+        OpsError: no pulumi CLI, or it cannot be used.
+    """
+    try:
+        return StackClient(stack)
+    except StackClientError as exc:
+        reason = str(exc).split(" (install it", 1)[0]
+        raise OpsError(
+            f"{reason}: recover recreates the VM with `pulumi up --replace` "
+            "(install it: https://www.pulumi.com/docs/install/)"
+        ) from None
 
 
 Confirm = Callable[[str], bool]
@@ -233,7 +176,7 @@ def confirmer(yes: bool, stdin: TextIO, out: TextIO) -> Confirm:
         if yes:
             return True
         if not stdin.isatty():
-            raise ops.OpsError(
+            raise OpsError(
                 f"refusing to {question} without confirmation (stdin is not a terminal): pass --yes"
             )
         out.write(f"{question[0].upper()}{question[1:]}? [y/N] ")
@@ -244,7 +187,7 @@ def confirmer(yes: bool, stdin: TextIO, out: TextIO) -> Confirm:
 
 
 def recover_node(
-    target: Target, state: str, pulumi: PulumiCli, confirm: Confirm, out: TextIO
+    target: Target, state: str, pulumi: StackClient, confirm: Confirm, out: TextIO
 ) -> None:
     """Deletes and recreates the node through Pulumi (the deployment then redeploys the job).
 
@@ -252,11 +195,25 @@ def recover_node(
         OpsError: the URN is not in the stack's state, or the user said no.
         UpFailed: `pulumi up` failed.
     """
-    urn = find_urn(pulumi.export(), target)
+    try:
+        urn = find_urn(pulumi.export(), target)
+    except StackClientError as exc:
+        raise OpsError(str(exc)) from None
     if not confirm(f"recreate the {state} {target.label} (pulumi up --replace)"):
-        raise ops.OpsError(f"not confirmed: the {target.role} VM {target.node} stays {state}")
+        raise OpsError(f"not confirmed: the {target.role} VM {target.node} stays {state}")
     print(f"{target.label} is {state}: recreating it with `pulumi up --replace {urn}`", file=out)
-    pulumi.replace(urn, out)
+    out.flush()
+    lock = threading.Lock()
+
+    def show(line: str) -> None:  # Pulumi's progress, stdout and stderr, as it comes
+        with lock:
+            out.write(line + "\n")
+            out.flush()
+
+    try:
+        pulumi.replace(urn, show, stack=stack_of(urn))
+    except StackClientError as exc:
+        raise UpFailed(str(exc)) from None
     resumes = "training resumes from its latest checkpoint" if target.role == "train" else ""
     print(
         f"{target.label} recreated and the job redeployed" + (f"; {resumes}" if resumes else ""),
@@ -281,7 +238,7 @@ def recover_once(
     if state not in NEEDS_RECOVERY:
         print(f"{target.label}: {state}; nothing to do", file=out)
         return False
-    recover_node(target, state, PulumiCli.find(stack), confirm, out)
+    recover_node(target, state, stack_client(stack), confirm, out)
     return True
 
 
@@ -318,7 +275,7 @@ def watch(
         OpsError: the node needs recovery once more than `max_recoveries` allow, MAX_FAILED_CHECKS
             checks in a row failed, or a problem that waiting will not fix.
     """
-    pulumi = PulumiCli.find(stack)  # fail now, not at the first preemption hours later
+    pulumi = stack_client(stack)  # fail now, not at the first preemption hours later
     recoveries = failures = 0
     end = "until train_summary.json exists" if target.role == "train" else "until Ctrl-C"
     print(
@@ -333,9 +290,9 @@ def watch(
             state = None if done else node_state(client, target)
         except Exception as exc:  # a transient API or GCS problem: try again next time
             failures += 1
-            text = str(exc) if isinstance(exc, ops.OpsError) else _first_line(exc)
+            text = str(exc) if isinstance(exc, OpsError) else _first_line(exc)
             if failures >= MAX_FAILED_CHECKS:
-                raise ops.OpsError(f"{failures} checks in a row failed; last: {text}") from exc
+                raise OpsError(f"{failures} checks in a row failed; last: {text}") from exc
             print(f"{_stamp()} check failed ({failures}/{MAX_FAILED_CHECKS}): {text}", file=out)
         else:
             failures = 0
@@ -345,7 +302,7 @@ def watch(
             if state not in NEEDS_RECOVERY:
                 print(f"{_stamp()} {target.label}: {state}", file=out)
             elif recoveries >= max_recoveries:
-                raise ops.OpsError(
+                raise OpsError(
                     f"{target.label} is {state} again after {recoveries} recoveries "
                     f"(--max-recoveries {max_recoveries}): run `python -m infra.ops recover` "
                     "or raise the limit"
@@ -404,7 +361,7 @@ def _tpu_client(factory: Callable[[], TpuApi] | None) -> TpuApi:
             factory = tpu_v2.TpuClient
         return factory()
     except Exception as exc:
-        raise ops.OpsError(
+        raise OpsError(
             f"cannot create a Cloud TPU API client: {_first_line(exc)} "
             "(`gcloud auth application-default login`?)"
         ) from exc
@@ -424,14 +381,14 @@ def run(
         OpsError: every problem, as one line (infra.ops prints it).
     """
     if args.interval <= 0:
-        raise ops.OpsError(f"--interval {args.interval:g}: must be > 0 seconds")
+        raise OpsError(f"--interval {args.interval:g}: must be > 0 seconds")
     if args.max_recoveries < 0:
-        raise ops.OpsError(f"--max-recoveries {args.max_recoveries}: must be >= 0")
+        raise OpsError(f"--max-recoveries {args.max_recoveries}: must be >= 0")
     stdin = stdin or sys.stdin
-    target = target_from_outputs(ops.load_outputs(args.stack, args.outputs), args.vm)
+    target = target_from_outputs(load_outputs(args.stack, args.outputs), args.vm)
     confirm = confirmer(args.yes, stdin, out)
     if args.watch and not args.yes and not stdin.isatty():
-        raise ops.OpsError(
+        raise OpsError(
             "refusing to --watch without --yes when stdin is not a terminal "
             "(nobody could confirm a recovery): pass --yes"
         )

@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 from infra import config as config_mod
-from infra import runconfig_render, templating, validation
+from infra import runconfig_render, sizing, templating
 from infra.remote.layout import WORKER
 from workloads import catalog, runconfig
 
@@ -112,9 +112,9 @@ def _common(
     cfg: config_mod.StackConfig, role: str, requirements: tuple[str, ...]
 ) -> dict[str, Any]:
     if role == "train":
-        shm_needed, shm_key = validation.training_shm_bytes(cfg), "training.shmWorkingSetGb"
+        shm_needed, shm_key = sizing.training_shm_bytes(cfg), "training.shmWorkingSetGb"
     else:
-        shm_needed, shm_key = validation.serving_shm_bytes(cfg), "serving.shmWorkingSetGb"
+        shm_needed, shm_key = sizing.serving_shm_bytes(cfg), "serving.shmWorkingSetGb"
     return {
         "shm_needed_bytes": shm_needed,
         "shm_key": shm_key,

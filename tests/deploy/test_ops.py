@@ -280,12 +280,18 @@ def test_outputs_come_from_the_pulumi_cli(
     fake = tmp_path / "bin" / "pulumi"
     fake.parent.mkdir()
     fake.write_text(
-        '#!/bin/sh\necho "$@" > "$(dirname "$0")/args"\necho \'{"deployments": {"train": {}}}\'\n'
+        "#!/bin/sh\n"
+        'if [ "$1" = version ]; then echo v3.200.0; exit 0; fi\n'
+        'echo "$@" >> "$(dirname "$0")/args"\n'
+        'echo \'{"deployments": {"train": {}}}\'\n'
     )
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
     assert ops.load_outputs("prod") == {"deployments": {"train": {}}}
-    assert (fake.parent / "args").read_text() == "stack output --json --stack prod\n"
+    assert (fake.parent / "args").read_text().splitlines() == [
+        "--non-interactive stack output --json --stack prod",
+        "--non-interactive stack output --json --show-secrets --stack prod",
+    ]
 
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     with pytest.raises(ops.OpsError, match="pulumi CLI is not on PATH"):

@@ -24,13 +24,18 @@ FAKE_PULUMI = """\
 # A stand-in for the pulumi CLI: serves files next to it and records every call.
 import json, pathlib, sys
 here = pathlib.Path(__file__).parent
+args = [a for a in sys.argv[1:] if a != "--non-interactive"]
+if args == ["version"]:  # the Automation API's version check
+    print("v3.200.0")
+    sys.exit(0)
 with open(here / "calls.jsonl", "a") as log:
-    log.write(json.dumps(sys.argv[1:]) + "\\n")
-args = sys.argv[1:]
+    log.write(json.dumps(args) + "\\n")
 if args[:3] == ["stack", "output", "--json"]:
     sys.stdout.write((here / "outputs.json").read_text())
 elif args[:2] == ["stack", "export"]:
     sys.stdout.write((here / "export.json").read_text())
+elif args == ["stack", "ls", "--json"]:
+    print(json.dumps([dict(name="dev", current=True), dict(name="prod", current=False)]))
 elif args[:1] == ["up"]:
     print("Updating (dev): replacing the V2Vm")
     rc = here / "up_rc"
@@ -157,8 +162,10 @@ def test_a_lost_node_is_replaced_with_the_exact_pulumi_up(cli, state: str) -> No
     assert code == 0
     assert tpu.calls == [TRAIN_NODE]
     assert cli.calls() == [
+        # The Automation API reads the outputs masked, then in plain text to mark the secrets.
         ["stack", "output", "--json", "--stack", "dev"],
-        ["stack", "export", "--stack", "dev"],
+        ["stack", "output", "--json", "--show-secrets", "--stack", "dev"],
+        ["stack", "export", "--show-secrets", "--stack", "dev"],
         ["up", "--yes", "--skip-preview", "--replace", URN, "--stack", "dev"],
     ]
     assert f"train VM gemma4-train in us-central1-a is {state}: recreating it" in out
@@ -178,7 +185,11 @@ def test_a_live_node_is_left_alone(cli, state: str) -> None:
     code, out = _run(["recover"], FakeTpu(state))  # no --yes, no terminal: never needed
     assert code == 0
     assert out == f"train VM gemma4-train in us-central1-a: {state}; nothing to do\n"
-    assert cli.calls() == [["stack", "output", "--json"]]
+    assert cli.calls() == [  # the current stack, never selected: named in every command
+        ["stack", "ls", "--json"],
+        ["stack", "output", "--json", "--stack", "dev"],
+        ["stack", "output", "--json", "--show-secrets", "--stack", "dev"],
+    ]
 
 
 def test_confirmation_is_asked_on_a_terminal_and_refused_without_one(cli, capsys) -> None:

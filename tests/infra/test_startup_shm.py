@@ -9,7 +9,7 @@ import pathlib
 
 import pytest
 
-from infra import stack_config, startup, templating, validation
+from infra import sizing, stack_config, startup, templating
 from tests.fixtures import pulumi_mocks
 from tests.infra.test_startup_idempotent import _run
 from workloads import catalog
@@ -67,11 +67,11 @@ def _script(role: str) -> tuple[str, int]:
         cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("dev"))
         return templating.render(
             "startup/train.sh.j2", **startup.train_context(cfg, has_hf_secret=True)
-        ), validation.training_shm_bytes(cfg)
+        ), sizing.training_shm_bytes(cfg)
     cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("prod"))
     return templating.render(
         "startup/serve.sh.j2", **startup.serve_context(cfg)
-    ), validation.serving_shm_bytes(cfg)
+    ), sizing.serving_shm_bytes(cfg)
 
 
 @pytest.mark.parametrize("role", ["train", "serve"])
@@ -91,7 +91,7 @@ def test_the_v5p_hosts_default_shm_holds_the_training_stack_with_the_merge():
     cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("prod"))
     v5p = catalog.accelerator("v5p-8")
     assert v5p.shm_bytes == 224 * 10**9
-    assert validation.training_shm_bytes(cfg) <= v5p.shm_bytes
+    assert sizing.training_shm_bytes(cfg) <= v5p.shm_bytes
 
 
 @pytest.mark.parametrize("role", ["train", "serve"])

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from infra import config, stack_config, validation
+from infra import config, sizing, stack_config
 from tests.fixtures import pulumi_mocks
 from workloads import catalog
 
@@ -585,15 +585,15 @@ def test_estimates_for_the_papers_setup():
     prod = stack_config.parse_stack_config(PROD)
     v5p = catalog.accelerator("v5p-8")
     v6e = catalog.accelerator("v6e-8")
-    train = validation.training_hbm_bytes(prod)
+    train = sizing.training_hbm_bytes(prod)
     # The paper trained this on v5p-8: the estimate must fit, with the base weights split over tp=4.
     assert catalog.MODELS["gemma-4-31b"].weight_bytes / 4 < train < v5p.hbm_bytes_per_chip
-    serve = validation.serving_hbm_bytes(prod)
+    serve = sizing.serving_hbm_bytes(prod)
     assert serve < v6e.hbm_bytes_per_chip * 0.9
     # vLLM replicates the 4 global KV heads over TP 8: one head per chip, not half a head.
     model = catalog.MODELS["gemma-4-31b"]
-    per_token = validation.serving_kv_bytes_per_token_per_chip(model, 8)
+    per_token = sizing.serving_kv_bytes_per_token_per_chip(model, 8)
     assert per_token == (50 * 2 * 2 * 256 + 10 * 2 * 1 * 512) * 2
     # LoRA parameters of the paper's targets at rank 64: ~0.46 B.
-    count = validation.lora_param_count(model, 64, config.LoraSection().targets)
+    count = sizing.lora_param_count(model, 64, config.LoraSection().targets)
     assert 0.4e9 < count < 0.5e9

@@ -1,0 +1,129 @@
+"""One client for a Pulumi stack from outside the program: its outputs, its state, a replacement.
+
+The operator commands (infra.ops, infra.recover) and preflight read the stack through this one
+class, on Pulumi's Automation API (`pulumi.automation`): the workspace runs the `pulumi` CLI of
+the user's machine against the project in this checkout, non-interactively, and answers with
+typed values (OutputValue, Deployment, StackSummary) instead of JSON we parse ourselves.
+
+Two things it does not do on purpose:
+- It never selects a stack (`pulumi stack select` would change the user's current stack as a side
+  effect of a status command): every command names its stack explicitly.
+- It prints nothing it reads. The Automation API reads outputs and the state with secrets
+  decrypted (it has no masked export); the callers use worker addresses, URNs and types only.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import shlex
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+from pulumi import automation as auto
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+class StackClientError(Exception):
+    """The pulumi CLI is missing or a command failed; the message is one line."""
+
+
+class StackClient:
+    """The project's stack `stack` (None: the stack currently selected in this checkout).
+
+    Raises (from every method): StackClientError.
+    """
+
+    def __init__(self, stack: str | None = None, *, work_dir: pathlib.Path = ROOT):
+        if shutil.which("pulumi") is None:
+            raise StackClientError(
+                "the pulumi CLI is not on PATH (install it: https://www.pulumi.com/docs/install/)"
+            )
+        try:
+            self._workspace = auto.LocalWorkspace(work_dir=str(work_dir))
+        except Exception as exc:  # the CLI's version check runs here
+            raise StackClientError(f"cannot use the pulumi CLI: {_first_line(exc)}") from None
+        self._stack = stack
+
+    @property
+    def name(self) -> str:
+        """The stack's name: the one given, else the checkout's current stack."""
+        if self._stack:
+            return self._stack
+        current = self._run(self._workspace.stack, "stack ls --json")
+        if current is None:
+            raise StackClientError(
+                "no stack is selected in this checkout: pass --stack or `pulumi stack select`"
+            )
+        self._stack = current.name
+        return self._stack
+
+    def outputs(self) -> dict[str, Any]:
+        """The stack's outputs, plain values (`pulumi stack output --json`)."""
+        name = self.name
+        found = self._run(lambda: self._workspace.stack_outputs(name), f"stack output {name}")
+        return {key: output.value for key, output in found.items()}
+
+    def export(self) -> dict[str, Any]:
+        """The stack's state as `pulumi stack export` writes it ({"version", "deployment"})."""
+        name = self.name
+        state = self._run(lambda: self._workspace.export_stack(name), f"stack export {name}")
+        if not isinstance(state.deployment, dict):
+            raise StackClientError(f"`pulumi stack export --stack {name}` returned no deployment")
+        return {"version": state.version, "deployment": state.deployment}
+
+    def replace_argv(self, urn: str, stack: str | None = None) -> list[str]:
+        """The `pulumi up` arguments that delete and recreate one resource of the stack."""
+        return ["up", "--yes", "--skip-preview", "--replace", urn, "--stack", stack or self.name]
+
+    def replace(self, urn: str, on_output: Callable[[str], None], stack: str | None = None) -> None:
+        """Runs `pulumi up --replace <urn>`, passing Pulumi's progress lines to `on_output`.
+
+        Raises:
+            StackClientError: pulumi exited non-zero (`exit_code` says with what).
+        """
+        args = self.replace_argv(urn, stack)
+        try:
+            self._workspace.pulumi_command.run(
+                list(args), self._workspace.work_dir, {}, on_output, on_output
+            )
+        except auto.CommandError as exc:
+            raise StackClientError(
+                f"`pulumi {shlex.join(args)}` failed with exit code {_exit_code(exc)} "
+                "(its output is above)"
+            ) from None
+
+    @staticmethod
+    def _run(call: Callable[[], Any], what: str) -> Any:
+        try:
+            return call()
+        except auto.CommandError as exc:
+            raise StackClientError(f"`pulumi {what}` failed: {_last_line(exc)}") from None
+
+
+def current_stack_name(work_dir: pathlib.Path = ROOT) -> str | None:
+    """The stack selected in this checkout, or None (no pulumi CLI, no stack, any failure)."""
+    try:
+        return StackClient(work_dir=work_dir).name
+    except StackClientError:
+        return None
+
+
+def _exit_code(exc: auto.CommandError) -> int | None:
+    # A CommandError carries its result only as text: "\n code: N\n stdout: ...\n stderr: ...".
+    match = re.search(r"^ code: (-?\d+)$", str(exc), re.M)
+    return int(match.group(1)) if match else None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _last_line(exc: auto.CommandError) -> str:
+    """The last line the CLI wrote to stderr (its error), else to stdout."""
+    text = str(exc)
+    stderr = text.split("\n stderr: ", 1)[1] if "\n stderr: " in text else text
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    return lines[-1] if lines else "(no output)"
