@@ -23,7 +23,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from infra import compile_check, config
+from infra import compile_check, config, stack_config
 from workloads import catalog
 
 # (fsdp, tp, micro-batch, remat, attention): tunix's dense-mask attention at the settings chosen
@@ -44,10 +44,12 @@ SETTINGS = (
 )
 
 
-def stack_config(
+def sweep_config(
     stack: str, fsdp: int, tp: int, micro_batch: int, remat: str, attention: str
 ) -> config.StackConfig:
-    mapping = copy.deepcopy(config.read_stack_file(compile_check.ROOT / f"Pulumi.{stack}.yaml"))
+    mapping = copy.deepcopy(
+        stack_config.read_stack_file(compile_check.ROOT / f"Pulumi.{stack}.yaml")
+    )
     mapping["training"] = {
         **mapping["training"],
         "mesh": {"fsdp": fsdp, "tp": tp},
@@ -55,7 +57,7 @@ def stack_config(
         "remat": remat,
         "attention": attention,
     }
-    return config.parse_stack_config(mapping, validate=False)
+    return stack_config.parse_stack_config(mapping, validate=False)
 
 
 def row(
@@ -70,7 +72,7 @@ def row(
     head = f"| {attention} | {fsdp} | {tp} | {micro_batch} | {remat} |"
     if micro_batch % fsdp:
         return f"{head} n/a: {micro_batch} row(s) cannot split over fsdp={fsdp} | | | | |"
-    cfg = stack_config(stack, fsdp, tp, micro_batch, remat, attention)
+    cfg = sweep_config(stack, fsdp, tp, micro_batch, remat, attention)
     est = compile_check.check(
         stack,
         cfg,
