@@ -13,7 +13,7 @@ import os
 import sys
 import traceback
 
-from workloads import errors
+from workloads import errors, logs
 
 # name -> (module, one-line help). The order is the order of the pipeline.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -36,6 +36,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument(
         "--traceback", action="store_true", help="show the full traceback on errors"
     )
+    parser.add_argument(
+        "--log-level",
+        choices=logs.LEVELS,
+        default=os.environ.get("WORKLOADS_LOG_LEVEL", "info").lower(),
+        help="diagnostics on stderr from this level up (default info, or $WORKLOADS_LOG_LEVEL)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
@@ -52,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(chosen if chosen in COMMANDS else None)
     args = parser.parse_args(argv)
+    logs.configure(args.log_level)
     show_traceback = args.traceback or os.environ.get("WORKLOADS_TRACEBACK") == "1"
     try:
         return int(args._module.main(args) or 0)

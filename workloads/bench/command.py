@@ -17,14 +17,12 @@ import shlex
 import subprocess
 import sys
 
-from workloads import errors, runconfig, storage
+from workloads import errors, logs, runconfig, storage
 from workloads.bench import plots, results
 from workloads.serve import argv as argv_lib
 from workloads.serve import readiness
 
-
-def _log(message: str) -> None:
-    print(f"bench: {message}", file=sys.stderr, flush=True)
+LOG = logs.get("bench")
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +44,7 @@ def aggregate(results_dir: str) -> list[str]:
     """Tables and plots from `<results_dir>/raw`; returns the files written."""
     rows = results.read_rows(results_dir)
     written = results.write_summary(results_dir, rows) + plots.write_plots(results_dir, rows)
-    _log(f"aggregated {len(rows)} point(s) into {', '.join(written)}")
+    LOG.info(f"aggregated {len(rows)} point(s) into {', '.join(written)}")
     return written
 
 
@@ -72,7 +70,7 @@ def run_sweep(
         name = results.point_name(input_len, output_len, rate)
         target = runconfig.join(raw_remote, name)
         if storage.exists(target):
-            _log(f"[{number}/{len(points)}] {name}: already in {raw_remote}, skipped")
+            LOG.info(f"[{number}/{len(points)}] {name}: already in {raw_remote}, skipped")
             continue
         local = raw_local / name
         local.unlink(missing_ok=True)
@@ -87,7 +85,7 @@ def run_sweep(
             result_filename=name,
             docker=docker,
         )
-        _log(f"[{number}/{len(points)}] {name}: {shlex.join(command)}")
+        LOG.info(f"[{number}/{len(points)}] {name}: {shlex.join(command)}")
         code = subprocess.run(command, check=False).returncode
         if code != 0 or not local.is_file():
             why = (
@@ -96,7 +94,7 @@ def run_sweep(
                 else f"no result file at {local} (is bench.scratch_dir under the container's "
                 "/dev/shm mount?)"
             )
-            _log(f"[{number}/{len(points)}] {name}: failed ({why})")
+            LOG.info(f"[{number}/{len(points)}] {name}: failed ({why})")
             failed.append(f"{name} ({why})")
             continue
         text = local.read_text()

@@ -13,12 +13,13 @@ import collections
 import datetime
 import json
 import os
-import sys
 import time
 from typing import Any
 
-from workloads import catalog, errors, runconfig, storage
+from workloads import catalog, errors, logs, runconfig, storage
 from workloads.evaluation import extract, judge, passk, problems, prompting, sampling
+
+LOG = logs.get("eval")
 
 _FIELDS = runconfig.EvalSection.model_fields
 
@@ -158,10 +159,6 @@ def _pick_model(client: sampling.ChatClient) -> str:
     return served[0]
 
 
-def _log(message: str) -> None:
-    print(f"eval: {message}", file=sys.stderr, flush=True)
-
-
 def main(args: argparse.Namespace) -> int:
     settings = _settings(args)
     judge.require_tools()
@@ -180,7 +177,9 @@ def main(args: argparse.Namespace) -> int:
     )
     results_dir = settings["results_dir"]
     n = settings["n"]
-    _log(f"{len(items)} problems x {n} samples from {client.base_url} ({model}) -> {results_dir}")
+    LOG.info(
+        f"{len(items)} problems x {n} samples from {client.base_url} ({model}) -> {results_dir}"
+    )
 
     started = time.monotonic()
     samples = sampling.sample_all(
@@ -190,7 +189,7 @@ def main(args: argparse.Namespace) -> int:
         sampling.ProgressStore(results_dir),
         n=n,
         concurrency=settings["concurrency"],
-        on_problem_done=lambda name, new, done: _log(
+        on_problem_done=lambda name, new, done: LOG.info(
             f"sampled {name} ({new} new) [{done}/{len(items)}]"
         ),
     )
@@ -202,7 +201,7 @@ def main(args: argparse.Namespace) -> int:
             None if "error" in s else extract.extract_code(s.get("text")) for s in samples[p.name]
         ]
 
-    _log(f"judging {sum(len(v) for v in extractions.values())} samples with iverilog")
+    LOG.info(f"judging {sum(len(v) for v in extractions.values())} samples with iverilog")
     started = time.monotonic()
     references, verdicts = judge.judge_all(
         items,
@@ -235,7 +234,7 @@ def main(args: argparse.Namespace) -> int:
         runconfig.join(results_dir, "summary.md"), render_markdown(summary, rows)
     )
     scores = ", ".join(f"pass@{k} {v:.3f}" for k, v in summary["pass_at"].items())
-    _log(f"{scores} over {len(rows)} problems; wrote {results_dir}/summary.md")
+    LOG.info(f"{scores} over {len(rows)} problems; wrote {results_dir}/summary.md")
     return 0
 
 

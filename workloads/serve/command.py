@@ -28,9 +28,11 @@ import time
 from collections.abc import Iterator
 from typing import TextIO
 
-from workloads import errors, runconfig, storage
+from workloads import errors, logs, runconfig, storage
 from workloads.serve import argv as argv_lib
 from workloads.serve import compile_cache, readiness, staging
+
+LOG = logs.get("serve")
 
 LOG_TAIL_LINES = 60
 _TICK_S = 0.5
@@ -38,10 +40,6 @@ _TICK_S = 0.5
 
 class ServeError(errors.UserError):
     """The server stopped by itself or could not be started (a run-time failure: exit 1)."""
-
-
-def _log(message: str) -> None:
-    print(f"serve: {message}", file=sys.stderr, flush=True)
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -142,7 +140,7 @@ class Container:
             return None
         grace = self._serve.stop_timeout_s + 30
         if self._proc.poll() is None:
-            _log(f"stopping container {self._serve.container_name}")
+            LOG.info(f"stopping container {self._serve.container_name}")
             with contextlib.suppress(subprocess.TimeoutExpired):
                 subprocess.run(
                     argv_lib.stop_argv(self._serve, docker=self._docker),
@@ -178,7 +176,7 @@ def prepare_model(
     """Waits for, stages and verifies the weights. False when stopped while waiting."""
     if source.from_hub:
         if argv_lib.HF_TOKEN_ENV not in os.environ:
-            _log(
+            LOG.info(
                 f"warning: {argv_lib.HF_TOKEN_ENV} is not set; a gated hub model will not download"
             )
         return True
@@ -196,14 +194,16 @@ def prepare_model(
     start = time.monotonic()
     if source.kind == "remote":
         report = staging.stage_model(location, source.serve_path, workers=serve.stage_workers)
-        _log(
+        LOG.info(
             f"staged {location} -> {source.serve_path}: {len(report.downloaded)} downloaded "
             f"({report.bytes_downloaded / 1e9:.2f} GB), {len(report.skipped)} already complete, "
             f"{time.monotonic() - start:.0f} s"
         )
     else:
         staging.verify_local(location, workers=serve.stage_workers)
-        _log(f"verified {location} against {staging.METADATA} ({time.monotonic() - start:.0f} s)")
+        LOG.info(
+            f"verified {location} against {staging.METADATA} ({time.monotonic() - start:.0f} s)"
+        )
     return True
 
 
@@ -215,12 +215,12 @@ def _restore_cache(serve: runconfig.ServeSection) -> None:
             serve.compile_cache_gcs, serve.compile_cache_dir, workers=serve.stage_workers
         )
     except Exception as exc:  # the cache only saves time: serve without it rather than not at all
-        _log(
+        LOG.info(
             f"warning: compile cache restore from {serve.compile_cache_gcs} failed ({exc}); "
             "vLLM will compile from scratch"
         )
         return
-    _log(f"restored {count} compile cache file(s) from {serve.compile_cache_gcs}")
+    LOG.info(f"restored {count} compile cache file(s) from {serve.compile_cache_gcs}")
 
 
 def _sync_cache(serve: runconfig.ServeSection, *, min_age_s: float) -> None:
@@ -234,10 +234,10 @@ def _sync_cache(serve: runconfig.ServeSection, *, min_age_s: float) -> None:
             min_age_s=min_age_s,
         )
     except Exception as exc:  # a failed upload must not take the server down; retried later
-        _log(f"warning: compile cache upload to {serve.compile_cache_gcs} failed: {exc}")
+        LOG.info(f"warning: compile cache upload to {serve.compile_cache_gcs} failed: {exc}")
         return
     if count:
-        _log(f"uploaded {count} compile cache file(s) to {serve.compile_cache_gcs}")
+        LOG.info(f"uploaded {count} compile cache file(s) to {serve.compile_cache_gcs}")
 
 
 def run(serve: runconfig.ServeSection, *, docker: str = "docker") -> int:
@@ -254,12 +254,12 @@ def run(serve: runconfig.ServeSection, *, docker: str = "docker") -> int:
     run_argv = argv_lib.serve_argv(serve, source, docker=docker)
     with stop_signals() as stop:
         if not prepare_model(serve, source, stop):
-            _log("stopped while waiting for the merged model")
+            LOG.info("stopped while waiting for the merged model")
             return 0
         os.makedirs(serve.compile_cache_dir, exist_ok=True)
         _restore_cache(serve)
         container = Container(serve, run_argv, docker=docker)
-        _log("starting: " + shlex.join(run_argv))
+        LOG.info("starting: " + shlex.join(run_argv))
         container.start()
         try:
             return _serve_until_stopped(serve, container, stop)
@@ -283,9 +283,9 @@ def _serve_until_stopped(
         cancelled=stop.is_set,
         sleep=stop.wait,
     ):
-        _log("stopped before the server was ready")
+        LOG.info("stopped before the server was ready")
         return 0
-    _log(
+    LOG.info(
         f"ready: {url}/v1 serves {serve.served_model_name!r} "
         f"({time.monotonic() - start:.0f} s after launch)"
     )
@@ -301,7 +301,7 @@ def _serve_until_stopped(
         if time.monotonic() >= next_sync:
             _sync_cache(serve, min_age_s=10)
             next_sync = time.monotonic() + serve.compile_cache_sync_s
-    _log("stop requested")
+    LOG.info("stop requested")
     return 0
 
 

@@ -16,12 +16,13 @@ import hashlib
 import json
 import os
 import pathlib
-import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from workloads import errors, storage
+from workloads import errors, logs, storage
+
+LOG = logs.get("serve")
 
 INDEX = "model.safetensors.index.json"
 METADATA = "merge_metadata.json"
@@ -40,10 +41,6 @@ class StageReport:
     downloaded: tuple[str, ...]
     skipped: tuple[str, ...]
     bytes_downloaded: int
-
-
-def _log(message: str) -> None:
-    print(f"serve: {message}", file=sys.stderr, flush=True)
 
 
 def _fs(url: str) -> tuple[Any, str]:
@@ -110,7 +107,7 @@ def wait_for_marker(
                 "Is the merge running? Raise serve.model_wait_timeout_s to wait longer."
             )
         if not announced:
-            _log(
+            LOG.info(
                 f"waiting for {model_dir}/{INDEX} and {METADATA} "
                 f"(up to {timeout_s:g} s, every {poll_s:g} s)"
             )
@@ -251,7 +248,7 @@ def stage_model(src: str, dest: str, *, workers: int = 16) -> StageReport:
     skipped = tuple(rel for rel in body if done[rel])
     if todo:
         total = sum(sizes[rel] for rel in todo)
-        _log(
+        LOG.info(
             f"staging {len(todo)} file(s), {total / 1e9:.2f} GB, from {src} to {dest} "
             f"({len(skipped)} already complete)"
         )
@@ -268,7 +265,7 @@ def stage_model(src: str, dest: str, *, workers: int = 16) -> StageReport:
                 stamp[rel] = _stamp_entry(target, got)
                 return None
             if attempt == 1:
-                _log(f"{target}: sha256 mismatch after download, downloading it once more")
+                LOG.info(f"{target}: sha256 mismatch after download, downloading it once more")
             target.unlink(missing_ok=True)
         return _mismatch(_child(src, rel), files[rel], got) + " (downloaded twice)"
 
@@ -284,7 +281,7 @@ def stage_model(src: str, dest: str, *, workers: int = 16) -> StageReport:
         if p.is_file() and str(p.relative_to(root)) not in sizes and not p.name.startswith(".")
     )
     if extra:
-        _log(
+        LOG.info(
             f"{dest} also holds files the source does not: {', '.join(extra[:5])}"
             f"{' ...' if len(extra) > 5 else ''} (left in place)"
         )
