@@ -6,11 +6,12 @@ only visible once its upload completes. Nothing here deletes user data.
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import pathlib
+import shutil
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from workloads import errors
@@ -150,34 +151,97 @@ def download_file(remote: str, local: str) -> None:
     os.replace(tmp, target)
 
 
-def stage_directory(src: str, dest: str, *, workers: int = 16) -> str:
-    """Copies a directory (gs:// or local) into a local directory in parallel; files already
-    present with the same size are skipped, so a re-run after a reboot is cheap.
+def file_sizes(path: str, *, min_age_s: float = 0) -> dict[str, int]:
+    """Relative path -> size of every file under a directory (local or URL); {} when there is no
+    such directory. Local names starting with "." (partial downloads) are left out, and with
+    `min_age_s` so are local files modified in the last N seconds (still being written). A
+    remote listing is read fresh (a GCS listing cache can be stale)."""
+    if not is_remote(path):
+        root = pathlib.Path(path)
+        if not root.is_dir():
+            return {}
+        newest = time.time() - min_age_s
+        return {
+            str(p.relative_to(root)): p.stat().st_size
+            for p in root.rglob("*")
+            if p.is_file() and not p.name.startswith(".") and p.stat().st_mtime <= newest
+        }
+    fs, root_path = filesystem(path)
+    fs.invalidate_cache()
+    try:
+        found = fs.find(root_path, detail=True)
+    except FileNotFoundError:
+        return {}
+    prefix = root_path.rstrip("/") + "/"
+    return {
+        name[len(prefix) :]: int(info.get("size") or 0)
+        for name, info in found.items()
+        if name.startswith(prefix) and info.get("type", "file") != "directory"
+    }
+
+
+def copy_tree(
+    src: str, dest: str, *, files: Iterable[str] | None = None, min_age_s: float = 0
+) -> list[str]:
+    """Copies the files of directory `src` that `dest` lacks or holds at another size, in one
+    fsspec batch (gcsfs runs a batch's transfers concurrently), between a local directory and a
+    URL in either direction. Files stream to and from disk (never whole in memory); a download
+    lands under a hidden partial name and is renamed, so a stopped copy leaves no half file
+    under a final name. Nothing is deleted on either side.
+
+    Args:
+        files: copy only these relative paths (when they differ); default every file of src.
+        min_age_s: leave out local source files modified in the last N seconds.
+
+    Returns:
+        The relative paths copied, sorted.
+
+    Raises:
+        errors.UserError: both sides are URLs (not needed here, so not supported).
+    """
+    sizes = file_sizes(src, min_age_s=min_age_s)
+    there = file_sizes(dest)
+    wanted = sizes if files is None else {f: sizes[f] for f in files if f in sizes}
+    todo = sorted(rel for rel, size in wanted.items() if there.get(rel) != size)
+    if not todo:
+        return []
+    if is_remote(src) and is_remote(dest):
+        raise errors.UserError(f"{src} -> {dest}: copying between two URLs is not supported")
+    if is_remote(dest):
+        fs, root = filesystem(dest)
+        fs.put(
+            [str(pathlib.Path(src, rel)) for rel in todo],
+            [f"{root.rstrip('/')}/{rel}" for rel in todo],
+        )
+        return todo
+    targets = [pathlib.Path(dest, rel) for rel in todo]
+    partials = [t.with_name(f".{t.name}.partial") for t in targets]
+    for target in targets:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    if is_remote(src):
+        fs, root = filesystem(src)
+        fs.get([f"{root.rstrip('/')}/{rel}" for rel in todo], [str(p) for p in partials])
+    else:
+        for rel, partial in zip(todo, partials, strict=True):
+            shutil.copyfile(pathlib.Path(src, rel), partial)
+    for partial, target in zip(partials, targets, strict=True):
+        os.replace(partial, target)
+    return todo
+
+
+def stage_directory(src: str, dest: str) -> str:
+    """A local copy of a directory: a URL is copied into `dest` (files already there at the same
+    size are kept, so a re-run after a reboot is cheap); a local directory is used in place.
 
     Returns:
         The local directory (src itself when it is already local).
+
+    Raises:
+        errors.UserError: the URL holds no files.
     """
     if not is_remote(src):
         return src
-    fs, root = filesystem(src)
-    sizes = {
-        f[len(root.rstrip("/")) + 1 :]: int(info["size"])
-        for f, info in fs.find(root, detail=True).items()
-    }
-    if not sizes:
+    if not file_sizes(src):
         raise errors.UserError(f"{src}: no files to stage")
-    todo = [
-        rel
-        for rel, size in sizes.items()
-        if not (
-            pathlib.Path(dest, rel).is_file() and pathlib.Path(dest, rel).stat().st_size == size
-        )
-    ]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        list(
-            pool.map(
-                lambda rel: download_file(f"{src.rstrip('/')}/{rel}", str(pathlib.Path(dest, rel))),
-                todo,
-            )
-        )
+    copy_tree(src, dest)
     return dest

@@ -11,6 +11,7 @@ import pathlib
 import struct
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -202,10 +203,14 @@ def test_a_remote_base_is_staged_once_and_reused(remote_model, tmp_path, monkeyp
     from workloads import storage
 
     downloads = []
-    real = storage.download_file
-    monkeypatch.setattr(
-        storage, "download_file", lambda src, dst: (downloads.append(src), real(src, dst))
-    )
+    real = storage.copy_tree
+
+    def copy_tree(src: str, dest: str, **kwargs: Any) -> list[str]:
+        copied = real(src, dest, **kwargs)
+        downloads.extend(f"{src}/{rel}" for rel in copied)
+        return copied
+
+    monkeypatch.setattr(storage, "copy_tree", copy_tree)
     stage = tmp_path / "shm" / "base"
     first = model_lib.stage(remote_model, str(stage))
     names = storage.list_files(remote_model)

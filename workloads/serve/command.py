@@ -176,9 +176,7 @@ def prepare_model(
     """Waits for, stages and verifies the weights. False when stopped while waiting."""
     if source.from_hub:
         if argv_lib.HF_TOKEN_ENV not in os.environ:
-            LOG.info(
-                f"warning: {argv_lib.HF_TOKEN_ENV} is not set; a gated hub model will not download"
-            )
+            LOG.warning(f"{argv_lib.HF_TOKEN_ENV} is not set; a gated hub model will not download")
         return True
     location = source.location
     if source.kind == "local":
@@ -211,12 +209,10 @@ def _restore_cache(serve: runconfig.ServeSection) -> None:
     if not serve.compile_cache_gcs:
         return
     try:
-        count = compile_cache.restore(
-            serve.compile_cache_gcs, serve.compile_cache_dir, workers=serve.stage_workers
-        )
+        count = compile_cache.restore(serve.compile_cache_gcs, serve.compile_cache_dir)
     except Exception as exc:  # the cache only saves time: serve without it rather than not at all
-        LOG.info(
-            f"warning: compile cache restore from {serve.compile_cache_gcs} failed ({exc}); "
+        LOG.warning(
+            f"compile cache restore from {serve.compile_cache_gcs} failed ({exc}); "
             "vLLM will compile from scratch"
         )
         return
@@ -230,11 +226,10 @@ def _sync_cache(serve: runconfig.ServeSection, *, min_age_s: float) -> None:
         count = compile_cache.push(
             serve.compile_cache_dir,
             serve.compile_cache_gcs,
-            workers=serve.stage_workers,
             min_age_s=min_age_s,
         )
     except Exception as exc:  # a failed upload must not take the server down; retried later
-        LOG.info(f"warning: compile cache upload to {serve.compile_cache_gcs} failed: {exc}")
+        LOG.warning(f"compile cache upload to {serve.compile_cache_gcs} failed: {exc}")
         return
     if count:
         LOG.info(f"uploaded {count} compile cache file(s) to {serve.compile_cache_gcs}")
