@@ -14,6 +14,10 @@ stack, the model, the topology, the versions of JAX, libtpu, Tunix, Qwix and Fla
 code of the step, comments and docstrings aside), so a second run, and `pulumi preview`, show
 the last result without compiling. Every time and throughput here is XLA's cost-model
 estimate, not a measurement.
+
+One module on purpose (~530 lines): settings, the result cache, compiling, the depth fit and the
+verdict are one pipeline whose cache key must cover exactly what the other parts use; the step
+itself is in workloads/train/compile_step.py.
 """
 
 from __future__ import annotations

@@ -2,6 +2,10 @@
 
 `run()` is what infra/__main__.py calls; tests call it under `pulumi.runtime.set_mocks`.
 Nothing here runs at import time. Validation happens before the first resource is declared.
+
+One module on purpose (~400 lines): it is the order in which `pulumi up` declares things (validate,
+buckets, identity, secret, firewall, VMs, deployments, outputs); reading it top to bottom is
+reading what one `up` does.
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@
 units for the VM's role from templates/systemd/, builds (or reuses) the wheel, and declares one
 infra.ssh_deployment.SshDeployment whose inputs are content hashes, so `pulumi preview` shows
 what would be redeployed and why.
+
+One module on purpose (~480 lines): building the wheel, rendering the systemd units and declaring
+the deployment are the three steps of one component, and their content hashes must agree with each
+other.
 """
 
 from __future__ import annotations

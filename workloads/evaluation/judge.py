@@ -36,6 +36,10 @@ and `include are refused before compiling (`F`), as is the literal testbench ver
 these rules apply to sample.sv, what is compiled and run (`include also to the official code,
 which is compiled). Empty code is `X`. Samples run in parallel on a thread pool of
 os.cpu_count() workers (the threads only wait on child processes).
+
+Long on purpose: it reproduces verilog-eval's official judging (its iverilog commands, the
+analyzer's letters, the sandbox limits) in one place, so that the parity tests compare against one
+module.
 """
 
 from __future__ import annotations

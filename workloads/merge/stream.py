@@ -9,6 +9,10 @@ block of rows and one copy buffer on top of the LoRA factors, whatever the model
 Completion is atomic: a local output is written into a hidden sibling directory and renamed into
 place at the end; a gs:// output gets its shards first and `model.safetensors.index.json` last, so
 an output with an index is complete. A non-empty output is refused unless `overwrite`.
+
+One module on purpose (~500 lines): the streaming pass (read a shard, merge its tensors, write the
+output shard, record its hash) is one loop whose resumability depends on all of its parts; the LoRA
+math is in workloads/merge/__init__.py and the file format in safetensors_io.py.
 """
 
 from __future__ import annotations
