@@ -2,66 +2,23 @@
 
 The `deployments` output maps a role ("train", "serve") to what infra.components.workloads
 exports as `ops_info` (worker addresses, SSH identity, units, run directory, serving port);
-VmInfo is that record, typed, and the one thing the commands pass around.
+VmInfo (infra/deployment_record.py) is that record, typed, and the one thing the commands pass
+around.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any
 
-from infra import ssh
+from infra.deployment_record import VmInfo
 from infra.stack_client import StackClient, StackClientError
+
+__all__ = ["OpsError", "VmInfo", "load_outputs", "vm_info"]
 
 
 class OpsError(Exception):
     """A problem the operator can fix; printed as one line."""
-
-
-@dataclasses.dataclass(frozen=True)
-class VmInfo:
-    """One VM of the stack as its deployment exported it."""
-
-    role: str
-    vm: str
-    hosts: list[str]
-    settings: ssh.SshSettings
-    use_sudo: bool
-    remote_root: str
-    units: list[str]
-    start: list[str]
-    project: str | None = None
-    zone: str | None = None
-    run_dir: str | None = None
-    serve_port: int | None = None
-
-    @classmethod
-    def from_output(cls, role: str, data: dict[str, Any]) -> VmInfo:
-        settings = ssh.SshSettings(
-            user=str(data["ssh_user"]),
-            key_path=data.get("ssh_key_path") or None,
-            known_hosts=str(data.get("known_hosts") or ssh.DEFAULT_KNOWN_HOSTS),
-            port=int(data.get("port") or 22),
-        )
-        units = [str(u) for u in data.get("units") or []]
-        return cls(
-            role=role,
-            vm=str(data.get("vm") or role),
-            hosts=[str(h) for h in data.get("hosts") or []],
-            settings=settings,
-            use_sudo=bool(data.get("use_sudo", settings.user != "root")),
-            remote_root=str(data.get("remote_root") or "/"),
-            units=units,
-            start=[str(u) for u in data.get("start") or units[:1]],
-            project=data.get("project"),
-            zone=data.get("zone"),
-            run_dir=data.get("run_dir"),
-            serve_port=int(data["serve_port"]) if data.get("serve_port") else None,
-        )
-
-    def label(self, index: int) -> str:
-        return f"[{self.vm} w{index} {self.hosts[index]}]"
 
 
 def load_outputs(stack: str | None = None, outputs_file: str | None = None) -> dict[str, Any]:

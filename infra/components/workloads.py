@@ -29,6 +29,7 @@ import jinja2
 import pulumi
 
 from infra import remote, ssh, ssh_deployment, templating
+from infra.deployment_record import VmInfo
 from workloads import runconfig
 
 if TYPE_CHECKING:  # the config model is only needed for the type; no import cycle at runtime
@@ -358,31 +359,29 @@ class WorkloadsDeployment(pulumi.ComponentResource):
             f"{name}-workloads", props, pulumi.ResourceOptions(parent=self)
         )
         self.fingerprint = self.deployment.fingerprint
-        static = {
-            "vm": args.vm,
-            "role": args.role,
-            "project": args.project,
-            "zone": args.zone,
-            "ssh_user": settings.user,
-            "ssh_key_path": settings.key_path,
-            "known_hosts": settings.known_hosts,
-            "port": settings.port,
-            "use_sudo": use_sudo,
-            "remote_root": args.remote_root,
-            "units": sorted(plan.units),
-            "start": list(plan.start),
-            "run_dir": args.run_config.train.output_dir,
-            "serve_port": args.run_config.serve.port if args.run_config.serve else None,
-        }
+        record = VmInfo(
+            role=args.role,
+            vm=args.vm,
+            hosts=[],
+            settings=settings,
+            use_sudo=use_sudo,
+            remote_root=args.remote_root,
+            units=sorted(plan.units),
+            start=list(plan.start),
+            project=args.project,
+            zone=args.zone,
+            run_dir=args.run_config.train.output_dir,
+            serve_port=args.run_config.serve.port if args.run_config.serve else None,
+        )
         self.ops_info = pulumi.Output.from_input(args.hosts).apply(
-            lambda hosts: _ops_info(static, hosts)
+            lambda hosts: _ops_info(record, hosts)
         )
         self.register_outputs({"fingerprint": self.fingerprint, "ops_info": self.ops_info})
 
 
-def _ops_info(static: dict[str, Any], hosts: Sequence[str]) -> dict[str, Any]:
-    """Pure: the static facts plus the resolved worker addresses."""
-    return {**static, "hosts": list(hosts)}
+def _ops_info(record: VmInfo, hosts: Sequence[str]) -> dict[str, Any]:
+    """Pure: the deployment's record with the resolved worker addresses, as exported."""
+    return dataclasses.replace(record, hosts=list(hosts)).to_output()
 
 
 def declare(

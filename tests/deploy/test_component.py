@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pulumi
@@ -128,3 +129,27 @@ def test_serve_role_deploys_serve_eval_bench(mocks: Recorder, wheel: component.W
         "gemma4-bench.service",
     ]
     assert inputs.get("ssh_key_path") is None  # ssh-agent (None inputs are not sent)
+
+
+def test_the_exported_record_reads_back_as_the_same_record():
+    """One dataclass writes the `deployments` output and reads it (infra.deployment_record)."""
+    from infra.deployment_record import VmInfo
+
+    record = VmInfo(
+        role="serve",
+        vm="gemma4-serve",
+        hosts=["10.0.0.2", "10.0.0.3"],
+        settings=ssh.SshSettings(user="gemma4", key_path="/k", port=2222),
+        use_sudo=True,
+        remote_root="/",
+        units=["gemma4-serve.service"],
+        start=["gemma4-serve.service"],
+        project="p",
+        zone="asia-northeast1-b",
+        run_dir="gs://b/checkpoints/run",
+        serve_port=8000,
+    )
+    assert VmInfo.from_output("serve", record.to_output()) == record
+    assert component._ops_info(dataclasses.replace(record, hosts=[]), ("10.0.0.9",))["hosts"] == [
+        "10.0.0.9"
+    ]
