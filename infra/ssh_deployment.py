@@ -63,33 +63,22 @@ class DeploymentInputs:
         vm: TPU node name (for messages and the resource id).
         hosts: addresses of every worker of the VM, worker 0 first.
         ssh: user, identity, known_hosts and port.
+        bundle: what is installed on every worker (wheel, run config, units; infra.remote).
         use_sudo: prefix privileged commands with `sudo -n` (any user but root).
-        wheel_path: the wheel built from this checkout.
-        wheel_sha256: its content hash (what the diff compares).
-        run_config_yaml: the run config installed as /etc/gemma4/run.yaml.
-        units: unit name -> rendered unit file.
-        enable: units enabled at boot.
-        start: units (re)started after each deploy, in order.
         remote_root: prefix of every remote path ("/" on real VMs).
         ready_timeout_s: how long to wait for SSH and the startup script's ready marker.
-        install_deps: let pip add missing dependencies of the wheel.
     """
 
     vm: str
     hosts: Sequence[str]
     ssh: ssh.SshSettings
-    wheel_path: str
-    wheel_sha256: str
-    run_config_yaml: str
-    units: Mapping[str, str]
-    enable: Sequence[str]
-    start: Sequence[str]
+    bundle: remote.Bundle
     use_sudo: bool = True
     remote_root: str = "/"
     ready_timeout_s: float = 3600.0
-    install_deps: bool = True
 
     def to_props(self) -> dict[str, Any]:
+        b = self.bundle
         return {
             "vm": self.vm,
             "hosts": list(self.hosts),
@@ -99,17 +88,17 @@ class DeploymentInputs:
             "known_hosts": self.ssh.known_hosts,
             "connect_timeout_s": self.ssh.connect_timeout_s,
             "use_sudo": self.use_sudo,
-            "wheel_path": self.wheel_path,
-            "wheel_sha256": self.wheel_sha256,
-            "run_config_yaml": self.run_config_yaml,
-            "run_config_sha256": remote.sha256_text(self.run_config_yaml),
-            "units": dict(self.units),
-            "units_sha256": units_sha256(self.units),
-            "enable": list(self.enable),
-            "start": list(self.start),
+            "wheel_path": b.wheel_path,
+            "wheel_sha256": b.wheel_sha256,
+            "run_config_yaml": b.run_config_yaml,
+            "run_config_sha256": remote.sha256_text(b.run_config_yaml),
+            "units": dict(b.units),
+            "units_sha256": units_sha256(b.units),
+            "enable": list(b.enable),
+            "start": list(b.start),
             "remote_root": self.remote_root,
             "ready_timeout_s": self.ready_timeout_s,
-            "install_deps": self.install_deps,
+            "install_deps": b.install_deps,
         }
 
     @classmethod
@@ -126,27 +115,18 @@ class DeploymentInputs:
             vm=str(props["vm"]),
             hosts=[str(h) for h in props["hosts"]],
             ssh=settings,
-            wheel_path=str(props["wheel_path"]),
-            wheel_sha256=str(props["wheel_sha256"]),
-            run_config_yaml=str(props["run_config_yaml"]),
-            units={str(k): str(v) for k, v in dict(props["units"]).items()},
-            enable=[str(u) for u in props.get("enable") or []],
-            start=[str(u) for u in props.get("start") or []],
+            bundle=remote.Bundle(
+                wheel_path=str(props["wheel_path"]),
+                wheel_sha256=str(props["wheel_sha256"]),
+                run_config_yaml=str(props["run_config_yaml"]),
+                units={str(k): str(v) for k, v in dict(props["units"]).items()},
+                enable=[str(u) for u in props.get("enable") or []],
+                start=[str(u) for u in props.get("start") or []],
+                install_deps=bool(props.get("install_deps", True)),
+            ),
             use_sudo=bool(props.get("use_sudo", True)),
             remote_root=str(props.get("remote_root") or "/"),
             ready_timeout_s=float(props.get("ready_timeout_s") or 3600.0),
-            install_deps=bool(props.get("install_deps", True)),
-        )
-
-    def bundle(self) -> remote.Bundle:
-        return remote.Bundle(
-            wheel_path=self.wheel_path,
-            wheel_sha256=self.wheel_sha256,
-            run_config_yaml=self.run_config_yaml,
-            units=self.units,
-            enable=self.enable,
-            start=self.start,
-            install_deps=self.install_deps,
         )
 
     def connections(self) -> list[fabric.Connection]:
@@ -275,7 +255,7 @@ class SshDeploymentProvider(pulumi.dynamic.ResourceProvider):
                 inputs.vm,
                 reachable,
                 remote.RemoteLayout(inputs.remote_root),
-                list(inputs.units),
+                list(inputs.bundle.units),
                 sudo=inputs.use_sudo,
                 hook=_log_step,
             )
@@ -284,7 +264,7 @@ class SshDeploymentProvider(pulumi.dynamic.ResourceProvider):
                 conn.close()
 
     def _deploy(self, inputs: DeploymentInputs, props: Mapping[str, Any]) -> dict[str, Any]:
-        bundle = inputs.bundle()
+        bundle = inputs.bundle
         conns = inputs.connections()
         try:
             results = remote.deploy_all(
@@ -302,8 +282,8 @@ class SshDeploymentProvider(pulumi.dynamic.ResourceProvider):
             for conn in conns:
                 conn.close()
         outs = {k: v for k, v in props.items() if k != "__provider"}
-        outs["units_sha256"] = units_sha256(inputs.units)
-        outs["run_config_sha256"] = remote.sha256_text(inputs.run_config_yaml)
+        outs["units_sha256"] = units_sha256(inputs.bundle.units)
+        outs["run_config_sha256"] = remote.sha256_text(inputs.bundle.run_config_yaml)
         outs["fingerprint"] = bundle.fingerprint
         outs["changed_hosts"] = [r.host for r in results if r.changed]
         return outs

@@ -343,16 +343,18 @@ class WorkloadsDeployment(pulumi.ComponentResource):
             vm=args.vm,
             hosts=[],
             ssh=settings,
-            wheel_path=wheel.path,
-            wheel_sha256=wheel.sha256,
-            run_config_yaml=yaml_text,
-            units=plan.units,
-            enable=plan.enable,
-            start=plan.start,
+            bundle=remote.Bundle(
+                wheel_path=wheel.path,
+                wheel_sha256=wheel.sha256,
+                run_config_yaml=yaml_text,
+                units=plan.units,
+                enable=plan.enable,
+                start=plan.start,
+                install_deps=args.install_deps,
+            ),
             use_sudo=use_sudo,
             remote_root=args.remote_root,
             ready_timeout_s=args.ready_timeout_s,
-            install_deps=args.install_deps,
         )
         props = {**inputs.to_props(), "hosts": args.hosts}
         self.deployment = ssh_deployment.SshDeployment(

@@ -29,16 +29,18 @@ def _props(
         vm="gemma4-train",
         hosts=hosts,
         ssh=settings,
-        wheel_path=wheel.path,
-        wheel_sha256=wheel.sha256,
-        run_config_yaml=bundle.run_config_yaml,
-        units=bundle.units,
-        enable=bundle.enable,
-        start=bundle.start,
+        bundle=remote.Bundle(
+            wheel_path=wheel.path,
+            wheel_sha256=wheel.sha256,
+            run_config_yaml=bundle.run_config_yaml,
+            units=bundle.units,
+            enable=bundle.enable,
+            start=bundle.start,
+            install_deps=False,
+        ),
         use_sudo=False,
         remote_root=worker_root,
         ready_timeout_s=20,
-        install_deps=False,
     )
     props = {**inputs.to_props(), **changes}
     # What the provider process receives: JSON values, every number a float.

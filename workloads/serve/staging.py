@@ -52,23 +52,6 @@ def _child(url: str, rel: str) -> str:
     return f"{url.rstrip('/')}/{rel}"
 
 
-def remote_sizes(url: str) -> dict[str, int]:
-    """Relative path -> size of every file under a directory (local path or fsspec URL); {} when
-    the directory does not exist. Listing caches are dropped first: a GCS listing can be stale."""
-    fs, root = _fs(url)
-    fs.invalidate_cache()
-    try:
-        found = fs.find(root, detail=True)
-    except FileNotFoundError:
-        return {}
-    prefix = root + "/"
-    return {
-        name[len(prefix) :]: int(info.get("size") or 0)
-        for name, info in found.items()
-        if name.startswith(prefix) and info.get("type", "file") != "directory"
-    }
-
-
 def marker_present(model_dir: str) -> bool:
     """True when both completion-marker files exist in model_dir (local or remote)."""
     fs, root = _fs(model_dir)
@@ -214,7 +197,7 @@ def stage_model(src: str, dest: str, *, workers: int = 16) -> StageReport:
         StagingError: a listed shard is missing in src or stays corrupt after one re-download.
     """
     files = read_metadata(src)
-    sizes = remote_sizes(src)
+    sizes = storage.file_sizes(src)
     for name, entry in files.items():
         if name not in sizes:
             raise StagingError(f"{_child(src, name)}: listed in merge_metadata.json but missing")
