@@ -292,14 +292,11 @@ class HashingWriter:
         self._handle.close()
 
 
-def sha256_file(path: str, chunk: int = 16 * 1024 * 1024) -> tuple[str, int]:
-    """sha256 and size of a local or remote file, read in chunks."""
-    digest, size = hashlib.sha256(), 0
+def sha256_file(path: str) -> tuple[str, int]:
+    """sha256 and size of a local or remote file, streamed (hashlib.file_digest)."""
     with _open(path) as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-            size += len(block)
-    return digest.hexdigest(), size
+        digest = hashlib.file_digest(handle, "sha256")
+        return digest.hexdigest(), handle.tell()
 
 
 class Source:
