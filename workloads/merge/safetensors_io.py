@@ -292,11 +292,14 @@ class HashingWriter:
         self._handle.close()
 
 
-def sha256_file(path: str) -> tuple[str, int]:
-    """sha256 and size of a local or remote file, streamed (hashlib.file_digest)."""
+def sha256_file(path: str, chunk: int = 16 * 1024 * 1024) -> tuple[str, int]:
+    """sha256 and size of a local or remote file, read in chunks."""
+    digest, size = hashlib.sha256(), 0
     with _open(path) as handle:
-        digest = hashlib.file_digest(handle, "sha256")
-        return digest.hexdigest(), handle.tell()
+        while block := handle.read(chunk):
+            digest.update(block)
+            size += len(block)
+    return digest.hexdigest(), size
 
 
 class Source:
