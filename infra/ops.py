@@ -1,4 +1,4 @@
-"""Operator commands: `python -m infra.ops status|logs|stop|restart|ssh|tunnel|recover`.
+"""Operator commands: `python -m infra.ops status|cost|logs|stop|restart|ssh|tunnel|recover`.
 
 Everything comes from the stack's outputs (infra.stack_client, or `--outputs FILE` written by
 `pulumi stack output --json`), read into infra.stack_outputs.VmInfo records.
@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 import fabric
 
-from infra import recover, remote, ssh
+from infra import cost, recover, remote, ssh
 from infra.stack_outputs import OpsError, VmInfo, load_outputs, vm_info
 
 ROLES = ("train", "serve")
@@ -308,6 +308,11 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     add("status", "TPU state, unit state per worker, last training step and loss", "train")
+    sub.add_parser(
+        "cost",
+        help="what the stack runs now, its hourly price and about what it has cost",
+        description=cost.__doc__.splitlines()[0] if cost.__doc__ else None,
+    )
     p = add("logs", "the units' journal from every worker, prefixed by host", "train")
     p.add_argument("-f", "--follow", action="store_true", help="keep streaming")
     p.add_argument("-n", "--lines", type=int, default=100, help="lines of history per worker")
@@ -339,6 +344,8 @@ def main(
     try:
         if args.command == "recover":
             return recover.run(args, out, tpu_client_factory=tpu_client_factory)
+        if args.command == "cost":
+            return _cost(load_outputs(args.stack, args.outputs), out, tpu_client_factory)
         info = vm_info(load_outputs(args.stack, args.outputs), args.vm)
         if args.command == "status":
             return status(info, out, tpu_client_factory=tpu_client_factory)
@@ -364,6 +371,22 @@ def main(
     except KeyboardInterrupt:
         return 130
     raise AssertionError(f"unhandled command {args.command}")  # argparse restricts the choices
+
+
+def _cost(
+    outputs: dict[str, Any], out: TextIO, tpu_client_factory: Callable[[], Any] | None
+) -> int:
+    deployments = outputs.get("deployments")
+    roles = [r for r in ROLES if isinstance(deployments, dict) and r in deployments]
+    if not roles:
+        raise OpsError("the stack has no 'deployments' output: run `pulumi up` first")
+    infos = [vm_info(outputs, role, require_hosts=False) for role in roles]
+    client = recover.tpu_client(tpu_client_factory)
+    try:
+        return cost.run(infos, out, client=client, not_found=recover.is_not_found)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise OpsError(f"cannot read the TPU nodes: {type(exc).__name__}: {first}") from exc
 
 
 def _exec(argv: list[str]) -> int:

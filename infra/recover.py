@@ -98,7 +98,7 @@ def node_state(client: TpuApi, target: Target) -> str:
     try:
         node = client.get_node(name=target.resource_name)
     except Exception as exc:
-        if _is_not_found(exc):
+        if is_not_found(exc):
             return "NOT_FOUND"
         raise OpsError(
             f"cannot read the state of TPU node {target.resource_name}: {_first_line(exc)}"
@@ -107,7 +107,8 @@ def node_state(client: TpuApi, target: Target) -> str:
     return str(getattr(state, "name", None) or state or "STATE_UNSPECIFIED")
 
 
-def _is_not_found(exc: BaseException) -> bool:
+def is_not_found(exc: BaseException) -> bool:
+    """Whether a TPU API call failed because the node does not exist."""
     try:
         from google.api_core import exceptions  # lazy: only the real client raises these
     except ImportError:
@@ -357,7 +358,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _tpu_client(factory: Callable[[], TpuApi] | None) -> TpuApi:
+def tpu_client(factory: Callable[[], TpuApi] | None) -> TpuApi:
     try:
         if factory is None:
             from google.cloud import tpu_v2  # lazy: a heavy import only this command needs
@@ -396,7 +397,7 @@ def run(
             "refusing to --watch without --yes when stdin is not a terminal "
             "(nobody could confirm a recovery): pass --yes"
         )
-    client = _tpu_client(tpu_client_factory)
+    client = tpu_client(tpu_client_factory)
     if args.watch:
         return watch(
             target,

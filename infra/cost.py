@@ -1,0 +1,139 @@
+"""`python -m infra.ops cost`: what the stack runs now, what it costs per hour, what it has cost.
+
+For each VM in the stack's `deployments` output, the Cloud TPU API says whether the node exists,
+its state, its accelerator type, its provisioning model and when it was created. Cloud TPU bills
+a node while it is READY; the hourly rate is the catalog's on-demand price of the slice
+(workloads/catalog.py, the table the cost report uses). The catalog holds no spot or
+preemptible prices, so for those nodes the figure is an upper bound and says so. "So far" is
+the rate times the hours since the node was created: it counts the time the node spent
+CREATING (not billed) and forgets earlier nodes of the same run that a recovery replaced, so
+it is an estimate; the billing report is the ground truth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+from infra.deployment_record import VmInfo
+from workloads import catalog
+
+BILLED_STATES = frozenset({"READY"})
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeCost:
+    """One VM of the stack as the TPU API sees it, priced."""
+
+    role: str
+    vm: str
+    state: str
+    accelerator: str | None = None
+    provisioning: str = "on-demand"
+    hourly_usd: float | None = None
+    hours: float | None = None
+
+    @property
+    def billing(self) -> bool:
+        return self.state in BILLED_STATES
+
+    @property
+    def so_far_usd(self) -> float | None:
+        if self.hourly_usd is None or self.hours is None:
+            return None
+        return self.hourly_usd * self.hours
+
+
+def _provisioning(node: Any) -> str:
+    scheduling = getattr(node, "scheduling_config", None)
+    if getattr(scheduling, "spot", False):
+        return "spot"
+    if getattr(scheduling, "preemptible", False):
+        return "preemptible"
+    return "on-demand"
+
+
+def _as_datetime(value: Any) -> datetime.datetime | None:
+    """The node's create_time (a datetime from the client library), timezone-aware."""
+    if not isinstance(value, datetime.datetime):
+        return None
+    return value if value.tzinfo else value.replace(tzinfo=datetime.UTC)
+
+
+def node_cost(
+    info: VmInfo, client: Any, now: datetime.datetime, *, not_found: Callable[[Exception], bool]
+) -> NodeCost:
+    """The priced state of one VM.
+
+    Raises:
+        Exception: whatever the TPU API raised, other than "not found".
+    """
+    name = f"projects/{info.project}/locations/{info.zone}/nodes/{info.vm}"
+    try:
+        node = client.get_node(name=name)
+    except Exception as exc:
+        if not_found(exc):
+            return NodeCost(info.role, info.vm, "NOT_FOUND")
+        raise
+    state = str(getattr(getattr(node, "state", None), "name", None) or "STATE_UNSPECIFIED")
+    accelerator = str(getattr(node, "accelerator_type", "") or "") or None
+    known = catalog.ACCELERATORS.get(accelerator or "")
+    created = _as_datetime(getattr(node, "create_time", None))
+    hours = max(0.0, (now - created).total_seconds() / 3600) if created else None
+    return NodeCost(
+        info.role,
+        info.vm,
+        state,
+        accelerator,
+        _provisioning(node),
+        known.hourly_usd if known else None,
+        hours,
+    )
+
+
+def report(costs: Sequence[NodeCost], out: TextIO) -> None:
+    """One line per VM, then the totals."""
+    for c in costs:
+        head = f"{c.role} VM {c.vm}: {c.state}"
+        if not c.billing:
+            print(f"{head}; not billed now ($0.00/h)", file=out)
+            continue
+        kind = f"{c.accelerator or '?'} {c.provisioning}"
+        if c.hourly_usd is None:
+            print(f"{head}, {kind}: no price in the catalog for this type", file=out)
+            continue
+        bound = (
+            ""
+            if c.provisioning == "on-demand"
+            else f" (on-demand rate; {c.provisioning} bills less)"
+        )
+        line = f"{head}, {kind}: ${c.hourly_usd:,.2f}/h{bound}"
+        if c.so_far_usd is not None and c.hours is not None:
+            line += f"; up {c.hours:.1f} h, about ${c.so_far_usd:,.2f} so far"
+        print(line, file=out)
+    running = [c for c in costs if c.billing and c.hourly_usd is not None]
+    hourly = sum(c.hourly_usd or 0.0 for c in running)
+    so_far = sum(c.so_far_usd or 0.0 for c in running)
+    upper = any(c.provisioning != "on-demand" for c in running)
+    print(
+        f"now: ${hourly:,.2f}/h for {len(running)} running VM(s); about ${so_far:,.2f} since they "
+        f"were created{' (an upper bound: spot/preemptible priced on demand)' if upper else ''}; "
+        "estimates from the catalog's prices, the billing report is exact",
+        file=out,
+    )
+
+
+def run(
+    infos: Sequence[VmInfo],
+    out: TextIO,
+    *,
+    client: Any,
+    now: datetime.datetime | None = None,
+    not_found: Callable[[Exception], bool],
+) -> int:
+    """Prices every VM of the stack; 0."""
+    moment = now or datetime.datetime.now(datetime.UTC)
+    report([node_cost(info, client, moment, not_found=not_found) for info in infos], out)
+    return 0

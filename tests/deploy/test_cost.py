@@ -1,0 +1,126 @@
+"""`python -m infra.ops cost`: a fake Cloud TPU API that answers nodes with a state, a type, a
+provisioning model and a creation time; prices from the catalog."""
+
+from __future__ import annotations
+
+import datetime
+import io
+import json
+import pathlib
+import types
+from typing import Any
+
+import pytest
+
+from infra import cost, ops
+from workloads import catalog
+
+NOW = datetime.datetime(2026, 11, 25, 12, 0, tzinfo=datetime.UTC)
+
+
+def _node(state: str, accelerator: str, hours_ago: float, *, spot: bool = False) -> Any:
+    return types.SimpleNamespace(
+        state=types.SimpleNamespace(name=state),
+        accelerator_type=accelerator,
+        scheduling_config=types.SimpleNamespace(spot=spot, preemptible=False),
+        create_time=NOW - datetime.timedelta(hours=hours_ago),
+    )
+
+
+class NotFound(Exception):
+    pass
+
+
+class FakeTpu:
+    def __init__(self, nodes: dict[str, Any]) -> None:
+        self.nodes = nodes
+
+    def __call__(self) -> FakeTpu:  # used as the client factory
+        return self
+
+    def get_node(self, *, name: str) -> Any:
+        node = self.nodes.get(name.rsplit("/", 1)[-1])
+        if node is None:
+            raise NotFound(name)
+        if isinstance(node, Exception):
+            raise node
+        return node
+
+
+def _outputs(tmp_path: pathlib.Path, *roles: str) -> str:
+    def record(role: str) -> dict[str, Any]:
+        return {
+            "vm": f"gemma4-{role}",
+            "role": role,
+            "project": "p",
+            "zone": "us-central1-a",
+            "hosts": [],
+            "ssh_user": "gemma4",
+        }
+
+    path = tmp_path / "outputs.json"
+    path.write_text(json.dumps({"deployments": {r: record(r) for r in roles}}))
+    return str(path)
+
+
+def test_running_vms_are_priced_and_summed():
+    infos = [
+        ops.vm_info(json.loads(json.dumps({"deployments": {r: {
+            "vm": f"gemma4-{r}", "project": "p", "zone": "z", "ssh_user": "u"}}})), r,
+            require_hosts=False)
+        for r in ("train", "serve")
+    ]  # fmt: skip
+    client = FakeTpu(
+        {
+            "gemma4-train": _node("READY", "v5p-8", 2.5, spot=True),
+            "gemma4-serve": _node("READY", "v6e-8", 1.0),
+        }
+    )
+    out = io.StringIO()
+    cost.run(infos, out, client=client, now=NOW, not_found=lambda e: isinstance(e, NotFound))
+    v5p, v6e = catalog.accelerator("v5p-8").hourly_usd, catalog.accelerator("v6e-8").hourly_usd
+    lines = out.getvalue().splitlines()
+    assert lines[0] == (
+        f"train VM gemma4-train: READY, v5p-8 spot: ${v5p:,.2f}/h (on-demand rate; spot bills "
+        f"less); up 2.5 h, about ${v5p * 2.5:,.2f} so far"
+    )
+    assert lines[1] == (
+        f"serve VM gemma4-serve: READY, v6e-8 on-demand: ${v6e:,.2f}/h; up 1.0 h, about "
+        f"${v6e:,.2f} so far"
+    )
+    assert lines[2].startswith(
+        f"now: ${v5p + v6e:,.2f}/h for 2 running VM(s); about ${v5p * 2.5 + v6e:,.2f} since "
+        "they were created (an upper bound"
+    )
+
+
+@pytest.mark.parametrize("state", ["PREEMPTED", "STOPPED", "CREATING"])
+def test_a_node_that_is_not_ready_is_not_billed(tmp_path, capsys, state):
+    tpu = FakeTpu({"gemma4-train": _node(state, "v5p-8", 3)})
+    out = io.StringIO()
+    code = ops.main(["--outputs", _outputs(tmp_path, "train"), "cost"], out=out,
+                    tpu_client_factory=tpu)  # fmt: skip
+    assert code == 0
+    assert out.getvalue().splitlines()[0] == (
+        f"train VM gemma4-train: {state}; not billed now ($0.00/h)"
+    )
+    assert "now: $0.00/h for 0 running VM(s)" in out.getvalue()
+
+
+def test_a_released_node_costs_nothing_and_api_errors_are_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(ops.recover, "is_not_found", lambda e: isinstance(e, NotFound))
+    outputs = _outputs(tmp_path, "train", "serve")
+    tpu = FakeTpu({"gemma4-serve": _node("READY", "v6e-8", 0.5)})
+    out = io.StringIO()
+    assert ops.main(["--outputs", outputs, "cost"], out=out, tpu_client_factory=tpu) == 0
+    assert (
+        out.getvalue().splitlines()[0]
+        == "train VM gemma4-train: NOT_FOUND; not billed now ($0.00/h)"
+    )
+
+    denied = FakeTpu({"gemma4-train": PermissionError("403 tpu.nodes.get denied")})
+    code = ops.main(["--outputs", outputs, "cost"], out=io.StringIO(), tpu_client_factory=denied)
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "error: cannot read the TPU nodes: PermissionError: 403 tpu.nodes.get denied\n"
+    )
