@@ -167,8 +167,12 @@ class TrainingSection(_Section, settings.TrainSettings):
     )
     node_name: str | None = _field(None, description="TPU node name; null = `<namePrefix>-train`.")
     mesh: MeshSection = _field(default_factory=MeshSection, description="Device mesh.")
+    # At most 10 TB: more RAM than any TPU host has (validation compares with the host's).
     shm_working_set_gb: float = _field(
-        32.0, ge=0, description="/dev/shm the host needs besides model weights (GB): data, scratch."
+        32.0,
+        ge=0,
+        le=10_000,
+        description="/dev/shm the host needs besides model weights (GB): data, scratch.",
     )
 
 
@@ -218,7 +222,10 @@ class ServingSection(_Section, settings.ServeSettings):
         (), description="CIDR ranges allowed to reach the API port; empty = SSH tunnel only."
     )
     shm_working_set_gb: float = _field(
-        32.0, ge=0, description="/dev/shm the host needs besides weights (GB): compile cache."
+        32.0,
+        ge=0,
+        le=10_000,
+        description="/dev/shm the host needs besides weights (GB): compile cache.",
     )
     eval: EvalSection = _field(default_factory=EvalSection, description="Evaluation.")
     bench: BenchSection = _field(default_factory=BenchSection, description="Benchmark sweep.")

@@ -182,8 +182,9 @@ class TrainSettings(Settings):
         None, ge=1, description="Optimizer steps; null = `epochs` passes over the data."
     )
     epochs: int = pydantic.Field(1, ge=1, description="Passes over the data when maxSteps is null.")
-    learning_rate: float = pydantic.Field(1e-4, gt=0, description="Peak AdamW learning rate.")
-    weight_decay: float = pydantic.Field(0.001, ge=0, description="AdamW weight decay.")
+    # Upper bounds: a step of more than 1 (or decay of more than all of a weight) only diverges.
+    learning_rate: float = pydantic.Field(1e-4, gt=0, le=1, description="Peak AdamW learning rate.")
+    weight_decay: float = pydantic.Field(0.001, ge=0, le=1, description="AdamW weight decay.")
     warmup_steps: int = pydantic.Field(
         100, ge=0, description="Linear warm-up steps, then cosine to 0."
     )

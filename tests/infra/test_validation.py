@@ -466,6 +466,20 @@ CASES = [
         "data.maxSeqLen: 262272: longer than gemma-4-31b's 262,144-token context",
     ),
     (
+        "shm-working-set-beyond-any-host",
+        DEV,
+        {"training": {"shmWorkingSetGb": 1e308}},
+        True,
+        "training.shmWorkingSetGb: 1e+308: Input should be less than or equal to 10000",
+    ),
+    (
+        "learning-rate-above-one",
+        DEV,
+        {"training": {"learningRate": 5}},
+        True,
+        "training.learningRate: 5: Input should be less than or equal to 1",
+    ),
+    (
         "scratch-kept-for-ever",
         DEV,
         {"storage": {"scratchDays": 100_000}},
