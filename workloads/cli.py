@@ -25,6 +25,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("workloads.bench.command", "sweep `vllm bench serve` and aggregate the results"),
     "eval": ("workloads.evaluation.command", "verilog-eval pass@k against the served endpoint"),
     "report": ("workloads.report.command", "cost and quality report next to the paper's figures"),
+    "release": (
+        "workloads.release",
+        "delete the training TPU once training and the merge finished",
+    ),
 }
 
 

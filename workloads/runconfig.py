@@ -237,6 +237,18 @@ class EvalSection(settings.EvalSettings):
     ks: tuple[int, ...] = pydantic.Field((1, 5), description="k values of pass@k (each <= n).")
 
 
+class ReleaseSection(_Section):
+    """Giving the training TPU back once training (and the merge) succeeded."""
+
+    project: str = pydantic.Field(description="Project of the training TPU node.")
+    zone: str = pydantic.Field(description="Zone of the training TPU node.")
+    node: str = pydantic.Field(description="Name of the training TPU node (this VM).")
+    marker: ConfigPath = pydantic.Field(
+        description="Where the release is recorded (local or gs://): `pulumi up` reads it and "
+        "does not create the node again for this run."
+    )
+
+
 class RunConfig(_Section):
     """Everything one run needs; written by infra (infra/runconfig render) and read on the VM."""
 
@@ -251,6 +263,9 @@ class RunConfig(_Section):
     serve: ServeSection | None = pydantic.Field(None, description="Serving; null = no serving.")
     bench: BenchSection | None = pydantic.Field(None, description="Benchmark; null = none.")
     eval: EvalSection | None = pydantic.Field(None, description="Evaluation; null = none.")
+    release: ReleaseSection | None = pydantic.Field(
+        None, description="Delete the training TPU when done; null = keep it."
+    )
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

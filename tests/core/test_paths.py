@@ -38,6 +38,7 @@ PATH_OPTIONS = [
     (["report", "--bench-summary", "b/summary.json"], "bench_summary", "b/summary.json"),
     (["report", "--eval-summary", "e/summary.json"], "eval_summary", "e/summary.json"),
     (["report", "--out", "report"], "out", "report"),
+    (["release", "--config", "run.yaml"], "config", "run.yaml"),
 ]
 
 # String options that are not paths (names, URLs, patterns, sizes, machine types).
