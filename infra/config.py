@@ -167,6 +167,12 @@ class TrainingSection(_Section, settings.TrainSettings):
     )
     node_name: str | None = _field(None, description="TPU node name; null = `<namePrefix>-train`.")
     mesh: MeshSection = _field(default_factory=MeshSection, description="Device mesh.")
+    release_when_done: bool = _field(
+        False,
+        description="Delete the training TPU once training and the merge succeeded (the VM does "
+        "it, recorded as released.json in the run directory; `pulumi up` then leaves the node "
+        "out until runName changes).",
+    )
     # At most 10 TB: more RAM than any TPU host has (validation compares with the host's).
     shm_working_set_gb: float = _field(
         32.0,

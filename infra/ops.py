@@ -20,7 +20,7 @@ from typing import Any, TextIO
 import fabric
 
 from infra import cost, recover, remote, ssh
-from infra.stack_outputs import OpsError, VmInfo, load_outputs, vm_info
+from infra.stack_outputs import OpsError, Released, VmInfo, load_outputs, vm_info
 
 ROLES = ("train", "serve")
 
@@ -346,7 +346,14 @@ def main(
             return recover.run(args, out, tpu_client_factory=tpu_client_factory)
         if args.command == "cost":
             return _cost(load_outputs(args.stack, args.outputs), out, tpu_client_factory)
-        info = vm_info(load_outputs(args.stack, args.outputs), args.vm)
+        outputs = load_outputs(args.stack, args.outputs)
+        try:
+            info = vm_info(outputs, args.vm)
+        except Released as exc:
+            if args.command != "status":
+                raise
+            print(f"{args.vm} VM: {exc}", file=out)  # the run's normal end, not an error
+            return 0
         if args.command == "status":
             return status(info, out, tpu_client_factory=tpu_client_factory)
         if args.command == "logs":
@@ -378,6 +385,14 @@ def _cost(
 ) -> int:
     deployments = outputs.get("deployments")
     roles = [r for r in ROLES if isinstance(deployments, dict) and r in deployments]
+    if isinstance(outputs.get("trainReleased"), dict):
+        try:
+            vm_info(outputs, "train")
+        except Released as exc:
+            print(f"train VM: {exc}; not billed", file=out)
+        if not roles:
+            print("now: $0.00/h for 0 running VM(s)", file=out)
+            return 0
     if not roles:
         raise OpsError("the stack has no 'deployments' output: run `pulumi up` first")
     infos = [vm_info(outputs, role, require_hosts=False) for role in roles]

@@ -19,7 +19,7 @@ from typing import Any
 
 import pulumi
 
-from infra import compile_check, runconfig_render, stack_config, startup
+from infra import compile_check, release_record, runconfig_render, stack_config, startup
 from infra import config as config_mod
 from infra.components import apis as apis_mod
 from infra.components import bucket as bucket_mod
@@ -47,10 +47,11 @@ class StackResources:
     secret: secret_mod.HfTokenSecret | None
     ssh_firewall: firewall_mod.IngressRule
     api_firewall: firewall_mod.IngressRule | None
-    train_vm: tpu_mod.TpuVm
+    train_vm: tpu_mod.TpuVm | None  # None: the run finished and released it (release_record)
     serve_vm: tpu_mod.TpuVm | None
     deployments: dict[str, deploy_mod.WorkloadsDeployment] = dataclasses.field(default_factory=dict)
     outputs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    released: dict[str, Any] | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,6 +139,7 @@ def build(
     *,
     ssh_keys: str,
     stack: str,
+    released: dict[str, Any] | None = None,
 ) -> StackResources:
     """Declares every component of a validated config.
 
@@ -146,6 +148,8 @@ def build(
         hf_token: the Hugging Face token as a Pulumi secret, or None.
         ssh_keys: the ssh-keys metadata value.
         stack: the Pulumi stack name (a label).
+        released: the run's release record (infra.release_record): the training node and its
+            deployment are left out.
     """
     labels = base_labels(cfg, stack)
     run_config = runconfig_render.render_run_config(cfg)
@@ -273,14 +277,21 @@ def build(
             opts=vm_opts,
         )
 
-    train_vm = tpu_vm(
-        "train",
-        cfg.training,
-        cfg.training_node_name,
-        tuple(vm_tags),
-        startup.render_train(cfg, has_hf_secret=secret is not None),
-        "training",
-    )
+    if cfg.training.release_when_done and released is None:
+        # The training VM deletes its own node when the run is done (workloads release).
+        grants.append(
+            sa_mod.self_release_grant("vm-sa-release", cfg.project, account, prefix=cfg.name_prefix)
+        )
+    train_vm = None
+    if released is None:
+        train_vm = tpu_vm(
+            "train",
+            cfg.training,
+            cfg.training_node_name,
+            tuple(vm_tags),
+            startup.render_train(cfg, has_hf_secret=secret is not None),
+            "training",
+        )
     serve_vm = None
     if cfg.serving.enabled:
         serve_vm = tpu_vm(
@@ -296,7 +307,7 @@ def build(
     deployments = deploy_mod.declare_for_stack(
         cfg,
         run_config,
-        train_hosts=train_vm.external_ips,
+        train_hosts=train_vm.external_ips if train_vm is not None else None,
         serve_hosts=serve_vm.external_ips if serve_vm is not None else None,
     )
 
@@ -314,6 +325,7 @@ def build(
         train_vm=train_vm,
         serve_vm=serve_vm,
         deployments=deployments,
+        released=released,
     )
     resources.outputs = stack_outputs(resources)
     return resources
@@ -327,10 +339,6 @@ def stack_outputs(res: StackResources) -> dict[str, Any]:
     outputs: dict[str, Any] = {
         "trainNode": cfg.training_node_name,
         "trainZone": cfg.training.zone,
-        "trainWorkerIps": res.train_vm.external_ips,
-        "trainSshCommands": res.train_vm.external_ips.apply(
-            functools.partial(ssh_commands, user, key)
-        ),
         "serviceAccount": res.service_account.email,
         "bucketUrls": {"training": res.training_bucket.url, "serving": res.serving_bucket.url},
         "runDir": train.output_dir,
@@ -341,6 +349,15 @@ def stack_outputs(res: StackResources) -> dict[str, Any]:
         "estimatedHourlyUsd": hourly_cost(cfg),
         "deployments": deploy_mod.ops_outputs(res.deployments),
     }
+    if res.train_vm is not None:
+        outputs |= {
+            "trainWorkerIps": res.train_vm.external_ips,
+            "trainSshCommands": res.train_vm.external_ips.apply(
+                functools.partial(ssh_commands, user, key)
+            ),
+        }
+    if res.released is not None:
+        outputs["trainReleased"] = res.released
     if res.serve_vm is not None:
         port = cfg.serving.port
         ips = res.serve_vm.external_ips
@@ -382,9 +399,31 @@ def run() -> StackResources:
             "(`python -m infra.preflight` checks it)"
         )
     report_compile_check(cfg, pulumi.get_stack())
-    resources = build(cfg, token, ssh_keys=ssh_keys, stack=pulumi.get_stack())
+    released = read_release(cfg)
+    resources = build(cfg, token, ssh_keys=ssh_keys, stack=pulumi.get_stack(), released=released)
     export(resources)
     return resources
+
+
+def read_release(cfg: config_mod.StackConfig) -> dict[str, Any] | None:
+    """The run's release record, with a line saying what it means; a bucket that cannot be read
+    is a warning (the node is then declared as usual)."""
+    try:
+        released = release_record.read(cfg)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        pulumi.log.warn(
+            f"training.releaseWhenDone: cannot read {runconfig_render.release_marker_uri(cfg)} "
+            f"({type(exc).__name__}: {first}); declaring the training node as usual"
+        )
+        return None
+    if released is not None:
+        pulumi.log.info(
+            f"run {cfg.run_name} finished and released its training TPU "
+            f"{cfg.training_node_name} ({released['marker']}): the node is left out; set a new "
+            "runName to train again"
+        )
+    return released
 
 
 def report_compile_check(cfg: config_mod.StackConfig, stack: str) -> None:

@@ -13,7 +13,7 @@ Bucket layout (one bucket per VM region; see StackConfig.training_bucket_name):
 from __future__ import annotations
 
 from infra import config as config_mod
-from workloads import runconfig, settings
+from workloads import release, runconfig, settings
 from workloads.settings import values_of
 
 VERILOG_EVAL_DIR = "/opt/verilog-eval"
@@ -40,6 +40,11 @@ def run_dir_uri(cfg: config_mod.StackConfig) -> str:
 
 def merged_uri(cfg: config_mod.StackConfig) -> str:
     return gs(cfg.serving_bucket_name, "merged", cfg.run_name)
+
+
+def release_marker_uri(cfg: config_mod.StackConfig) -> str:
+    """Written by `workloads release` when the training VM gave itself back (see program.py)."""
+    return runconfig.join(run_dir_uri(cfg), release.MARKER_FILE)
 
 
 def train_compile_cache_uri(cfg: config_mod.StackConfig) -> str:
@@ -77,6 +82,13 @@ def render_run_config(cfg: config_mod.StackConfig) -> runconfig.RunConfig:
             "compile_cache_dir": train_compile_cache_uri(cfg),
         },
     }
+    if cfg.training.release_when_done:
+        data["release"] = {
+            "project": cfg.project,
+            "zone": cfg.training.zone,
+            "node": cfg.training_node_name,
+            "marker": release_marker_uri(cfg),
+        }
     if cfg.merge.enabled:
         data["merge"] = {**values_of(cfg.merge, settings.MergeSettings), "out": merged_uri(cfg)}
     s = cfg.serving

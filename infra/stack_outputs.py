@@ -14,11 +14,15 @@ from typing import Any
 from infra.deployment_record import VmInfo
 from infra.stack_client import StackClient, StackClientError
 
-__all__ = ["OpsError", "VmInfo", "load_outputs", "vm_info"]
+__all__ = ["OpsError", "Released", "VmInfo", "load_outputs", "vm_info"]
 
 
 class OpsError(Exception):
     """A problem the operator can fix; printed as one line."""
+
+
+class Released(OpsError):
+    """The training VM gave its node back when its run finished (training.releaseWhenDone)."""
 
 
 def load_outputs(stack: str | None = None, outputs_file: str | None = None) -> dict[str, Any]:
@@ -52,6 +56,14 @@ def vm_info(outputs: dict[str, Any], role: str, *, require_hosts: bool = True) -
     Raises:
         OpsError: the stack has no deployments output, no such VM, or no worker addresses.
     """
+    released = outputs.get("trainReleased")
+    if role == "train" and isinstance(released, dict):
+        raise Released(
+            f"the training VM {released.get('node') or outputs.get('trainNode')} was released "
+            f"when run {released.get('run_name', '?')} finished "
+            f"({released.get('released_at', '?')}; {released.get('marker', 'released.json')}): "
+            "set a new runName and `pulumi up` to train again"
+        )
     deployments = outputs.get("deployments")
     if not isinstance(deployments, dict) or not deployments:
         raise OpsError(

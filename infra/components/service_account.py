@@ -7,6 +7,7 @@ bucket and on the secret by those components.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pulumi
 import pulumi_gcp as gcp
@@ -77,3 +78,36 @@ class VmServiceAccount(pulumi.ComponentResource):
             for role in args.project_roles
         ]
         self.register_outputs({"email": self.email, "member": self.member})
+
+
+# What a training VM needs to delete its own node when its run is done (training.releaseWhenDone):
+# read the node, delete it, follow the operation. A custom role, so nothing else comes with it;
+# granted on the project (Cloud TPU has no per-node IAM), only when the stack asks for release.
+SELF_RELEASE_PERMISSIONS = ("tpu.nodes.get", "tpu.nodes.delete", "tpu.operations.get")
+
+
+def self_release_grant(
+    name: str, project: str, account: VmServiceAccount, *, prefix: str
+) -> pulumi.Resource:
+    """A custom role with exactly SELF_RELEASE_PERMISSIONS, granted to the VMs' account.
+
+    Returns:
+        The grant (the VMs depend on it: a run may finish before anyone looks).
+    """
+    role = gcp.projects.IAMCustomRole(
+        f"{name}-role",
+        project=project,
+        # Role ids allow letters, digits, '_' and '.': one role per stack prefix.
+        role_id="gemma4SelfRelease_" + re.sub(r"[^A-Za-z0-9_]", "_", prefix),
+        title=f"gemma4-tpu self-release ({prefix})",
+        description="Lets the training VM delete its own TPU node once its run is done.",
+        permissions=list(SELF_RELEASE_PERMISSIONS),
+        opts=pulumi.ResourceOptions(parent=account),
+    )
+    return gcp.projects.IAMMember(
+        f"{name}-member",
+        project=project,
+        role=role.name,
+        member=account.member,
+        opts=pulumi.ResourceOptions(parent=account),
+    )

@@ -51,7 +51,8 @@ MERGE_UNIT = "gemma4-merge.service"
 SERVE_UNIT = "gemma4-serve.service"
 EVAL_UNIT = "gemma4-eval.service"
 BENCH_UNIT = "gemma4-bench.service"
-ALL_UNITS = (TRAIN_UNIT, MERGE_UNIT, SERVE_UNIT, EVAL_UNIT, BENCH_UNIT)
+RELEASE_UNIT = "gemma4-release.service"
+ALL_UNITS = (TRAIN_UNIT, MERGE_UNIT, RELEASE_UNIT, SERVE_UNIT, EVAL_UNIT, BENCH_UNIT)
 # Run-config sections that only the serving VM reads. The training VM's copy leaves them out,
 # so that a serving change (port, maxModelLen, eval or bench settings) keeps the training
 # deployment's run-config hash and does not stop and restart a running training job.
@@ -60,10 +61,9 @@ SERVE_ONLY_SECTIONS = ("serve", "eval", "bench")
 
 def run_config_for(role: Role, run_config: runconfig.RunConfig) -> runconfig.RunConfig:
     """The run config one VM role gets: the training VM's without SERVE_ONLY_SECTIONS."""
-    if role != "train":
-        return run_config
     data = run_config.model_dump(mode="json")
-    data.update(dict.fromkeys(SERVE_ONLY_SECTIONS))
+    # Each VM's copy leaves out the other's sections: a change there does not redeploy it.
+    data.update(dict.fromkeys(SERVE_ONLY_SECTIONS if role == "train" else ("release",)))
     return runconfig.parse(data)
 
 
@@ -228,7 +228,8 @@ def plan_units(
     """Renders the units for a VM's role.
 
     train: gemma4-train (enabled, started) and, when the run config has a merge section,
-        gemma4-merge (started by train's OnSuccess=).
+        gemma4-merge (started by train's OnSuccess=); with a release section, gemma4-release
+        (started by the last of those two on success).
     serve: gemma4-serve (enabled, started), plus gemma4-eval and gemma4-bench when configured
         (enabled as WantedBy=gemma4-serve, so every serve start pulls them in; bench after eval).
 
@@ -250,9 +251,12 @@ def plan_units(
         return env.get_template(f"systemd/{unit}.j2").render(**context, **extra)
 
     if role == "train":
-        units = {TRAIN_UNIT: render(TRAIN_UNIT, merge=run_config.merge is not None)}
-        if run_config.merge is not None:
-            units[MERGE_UNIT] = render(MERGE_UNIT)
+        merge, release = run_config.merge is not None, run_config.release is not None
+        units = {TRAIN_UNIT: render(TRAIN_UNIT, merge=merge, release=release and not merge)}
+        if merge:
+            units[MERGE_UNIT] = render(MERGE_UNIT, release=release)
+        if release:
+            units[RELEASE_UNIT] = render(RELEASE_UNIT)
         return UnitPlan(units, enable=[TRAIN_UNIT], start=[TRAIN_UNIT])
     if role == "serve":
         if run_config.serve is None:
@@ -433,7 +437,7 @@ def declare_for_stack(
     cfg: config.StackConfig,
     run_config: runconfig.RunConfig,
     *,
-    train_hosts: pulumi.Input[Sequence[str]],
+    train_hosts: pulumi.Input[Sequence[str]] | None,
     serve_hosts: pulumi.Input[Sequence[str]] | None = None,
     known_hosts: str = ssh.DEFAULT_KNOWN_HOSTS,
     opts: pulumi.ResourceOptions | None = None,
@@ -444,7 +448,8 @@ def declare_for_stack(
         cfg: the validated infra.config.StackConfig.
         run_config: infra.runconfig_render.render_run_config(cfg); the training VM gets it
             without the serving sections (run_config_for).
-        train_hosts: the training VM's worker addresses (TpuVm.external_ips).
+        train_hosts: the training VM's worker addresses (TpuVm.external_ips), or None when the
+            run released its node.
         serve_hosts: the serving VM's, or None when serving is off.
         known_hosts: the project-local known_hosts file (relative to the project directory).
         opts: extra resource options for both (e.g. depends_on the bucket grants).
@@ -455,8 +460,9 @@ def declare_for_stack(
     settings = ssh.SshSettings(
         user=cfg.ssh.user, key_path=cfg.ssh.private_key_file, known_hosts=known_hosts
     )
-    result = {
-        "train": declare(
+    result = {}
+    if train_hosts is not None:
+        result["train"] = declare(
             "train-deploy",
             vm=cfg.training_node_name,
             role="train",
@@ -467,7 +473,6 @@ def declare_for_stack(
             zone=cfg.training.zone,
             opts=opts,
         )
-    }
     if serve_hosts is not None:
         result["serve"] = declare(
             "serve-deploy",

@@ -17,6 +17,7 @@ def make_run_config(
     *,
     merge: bool = True,
     serve: bool = False,
+    release: bool = False,
     run_name: str = "demo",
 ) -> runconfig.RunConfig:
     data: dict[str, Any] = {
@@ -27,6 +28,13 @@ def make_run_config(
     }
     if merge:
         data["merge"] = {"out": "gs://b/merged/demo"}
+    if release:
+        data["release"] = {
+            "project": "p",
+            "zone": "us-central1-a",
+            "node": "demo-train",
+            "marker": f"{run_dir}/released.json",
+        }
     if serve:
         data["serve"] = {"model_dir": "gs://b/merged/demo", "port": 8000}
         data["eval"] = {

@@ -124,3 +124,28 @@ def test_a_released_node_costs_nothing_and_api_errors_are_one_line(tmp_path, cap
     assert capsys.readouterr().err == (
         "error: cannot read the TPU nodes: PermissionError: 403 tpu.nodes.get denied\n"
     )
+
+
+def test_a_released_training_vm_is_reported_by_status_cost_and_recover(tmp_path, capsys):
+    released = {
+        "run_name": "codev-r1",
+        "node": "gemma4-train",
+        "released_at": "2026-11-25T03:00:00Z",
+        "marker": "gs://b/checkpoints/codev-r1/released.json",
+    }
+    path = tmp_path / "outputs.json"
+    path.write_text(json.dumps({"trainNode": "gemma4-train", "trainReleased": released,
+                                "deployments": {}}))  # fmt: skip
+    out = io.StringIO()
+    assert ops.main(["--outputs", str(path), "status"], out=out) == 0
+    assert out.getvalue() == (
+        "train VM: the training VM gemma4-train was released when run codev-r1 finished "
+        "(2026-11-25T03:00:00Z; gs://b/checkpoints/codev-r1/released.json): set a new runName "
+        "and `pulumi up` to train again\n"
+    )
+    out = io.StringIO()
+    assert ops.main(["--outputs", str(path), "cost"], out=out, tpu_client_factory=FakeTpu({})) == 0
+    assert out.getvalue().splitlines()[-1] == "now: $0.00/h for 0 running VM(s)"
+    capsys.readouterr()
+    assert ops.main(["--outputs", str(path), "recover", "-y"], out=io.StringIO()) == 2
+    assert capsys.readouterr().err.startswith("error: the training VM gemma4-train was released")

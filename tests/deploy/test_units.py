@@ -67,6 +67,30 @@ def test_train_without_merge_has_no_merge_unit() -> None:
     assert "OnSuccess" not in _parse(plan.units["gemma4-train.service"])["Unit"]
 
 
+@pytest.mark.parametrize("merge", [True, False])
+def test_release_runs_after_the_last_unit_of_the_run_on_worker_zero(merge) -> None:
+    plan = component.plan_units("train", make_run_config(merge=merge, release=True), PROD)
+    last = "gemma4-merge.service" if merge else "gemma4-train.service"
+    assert _parse(plan.units[last])["Unit"]["OnSuccess"] == "gemma4-release.service"
+    if merge:  # training still hands over to the merge first
+        assert _parse(plan.units["gemma4-train.service"])["Unit"]["OnSuccess"] == (
+            "gemma4-merge.service"
+        )
+    release = _parse(plan.units["gemma4-release.service"])
+    assert release["Service"]["ExecStart"].endswith(
+        "-m workloads release --config /etc/gemma4/run.yaml"
+    )
+    assert release["Service"]["RestartPreventExitStatus"] == "2"  # an unfinished run: no retry
+    # Worker 0 only, by the same condition as the merge (tested above).
+    merge_plan = component.plan_units("train", make_run_config(merge=True), PROD)
+    merge_unit = _parse(merge_plan.units["gemma4-merge.service"])
+    assert release["Service"]["ExecCondition"] == merge_unit["Service"]["ExecCondition"]
+    assert "Install" not in release and plan.enable == ["gemma4-train.service"]
+    # The serving VM's copy of the run config has no release section.
+    serve_cfg = component.run_config_for("serve", make_run_config(serve=True, release=True))
+    assert serve_cfg.release is None
+
+
 def test_serve_units_sequence_serve_then_eval_then_bench() -> None:
     plan = component.plan_units("serve", make_run_config(serve=True), PROD)
     assert plan.start == ["gemma4-serve.service", "gemma4-eval.service", "gemma4-bench.service"]
@@ -103,7 +127,7 @@ def test_every_unit_passes_systemd_analyze_verify(
     python.parent.mkdir(parents=True)
     python.symlink_to(sys.executable)
     (root / "var/lib/gemma4").mkdir(parents=True)
-    cfg = make_run_config(serve=True)
+    cfg = make_run_config(serve=True, release=True)
     plan = component.plan_units(role, cfg, remote.RemoteLayout(str(root)))
     prod = component.plan_units(role, cfg, PROD)
     units_dir = tmp_path / "units"

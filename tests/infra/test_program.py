@@ -424,3 +424,55 @@ def test_the_service_account_refuses_broad_project_roles():
         )
         with pytest.raises(ValueError, match=rf"project_roles: \['{role}'\]: never granted"):
             sa_mod.VmServiceAccount("vm-sa", args)
+
+
+CUSTOM_ROLE = "gcp:projects/iAMCustomRole:IAMCustomRole"
+
+
+def _release_stack(monkeypatch, record: dict | None):
+    """The dev stack with training.releaseWhenDone, and the run's release record (None: the run
+    has not released its node yet) as the bucket would answer."""
+    from infra import release_record
+
+    mapping = pulumi_mocks.stack_file_config("dev")
+    mapping["training"] = {**mapping["training"], "releaseWhenDone": True}
+    seen = []
+
+    def exists(uri: str) -> bool:
+        seen.append(uri)
+        return record is not None
+
+    monkeypatch.setattr(release_record.storage, "exists", exists)
+    monkeypatch.setattr(release_record.storage, "read_text", lambda uri: json.dumps(record))
+    return pulumi_mocks.run_program("dev", mapping, hf_token=TOKEN), seen
+
+
+def test_release_when_done_grants_only_self_deletion_and_tells_the_vm(monkeypatch):
+    rec, seen = _release_stack(monkeypatch, None)
+    bucket = rec.one(BUCKET).inputs["name"]
+    run_name = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("dev")).run_name
+    assert seen == [f"gs://{bucket}/checkpoints/{run_name}/released.json"]
+    role = rec.one(CUSTOM_ROLE)
+    assert sorted(role.inputs["permissions"]) == [
+        "tpu.nodes.delete",
+        "tpu.nodes.get",
+        "tpu.operations.get",
+    ]
+    member = next(
+        r for r in rec.of_type(PROJECT_IAM) if "roles/gemma4SelfRelease_" in r.inputs["role"]
+    )
+    assert member.inputs["member"].startswith("serviceAccount:")
+    assert len(rec.of_type(TPU)) == 1
+    run_yaml = rec.one(DEPLOYMENT).inputs["run_config_yaml"]
+    assert "release:" in run_yaml and "released.json" in run_yaml
+    assert "gemma4-release.service" in rec.one(DEPLOYMENT).inputs["units"]
+
+
+def test_a_released_run_leaves_its_training_node_out(monkeypatch):
+    record = {"run_name": "codev-smoke", "node": "gemma4-dev-train", "released_at": "2026-11-25"}
+    rec, _ = _release_stack(monkeypatch, record)
+    assert rec.of_type(TPU) == [] and rec.of_type(DEPLOYMENT) == []
+    assert rec.of_type(CUSTOM_ROLE) == []  # nothing left to delete
+    assert rec.outputs["trainReleased"]["released_at"] == "2026-11-25"
+    assert "trainWorkerIps" not in rec.outputs and rec.outputs["deployments"] == {}
+    assert len(rec.of_type(BUCKET)) == 1  # the data stays
