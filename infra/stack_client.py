@@ -8,12 +8,14 @@ typed values (OutputValue, Deployment, StackSummary) instead of JSON we parse ou
 Two things it does not do on purpose:
 - It never selects a stack (`pulumi stack select` would change the user's current stack as a side
   effect of a status command): every command names its stack explicitly.
-- It prints nothing it reads. The Automation API reads outputs and the state with secrets
-  decrypted (it has no masked export); the callers use worker addresses, URNs and types only.
+- It never decrypts a secret: outputs and the state are read as `pulumi stack output --json` and
+  `pulumi stack export` print them (secrets masked or encrypted; no passphrase needed), through
+  the workspace's command runner rather than the workspace methods that add --show-secrets.
 """
 
 from __future__ import annotations
 
+import json
 import pathlib
 import re
 import shlex
@@ -61,18 +63,29 @@ class StackClient:
         return self._stack
 
     def outputs(self) -> dict[str, Any]:
-        """The stack's outputs, plain values (`pulumi stack output --json`)."""
-        name = self.name
-        found = self._run(lambda: self._workspace.stack_outputs(name), f"stack output {name}")
-        return {key: output.value for key, output in found.items()}
+        """The stack's outputs (`pulumi stack output --json`: secret outputs stay masked)."""
+        return self._json(["stack", "output", "--json", "--stack", self.name], "outputs")
 
     def export(self) -> dict[str, Any]:
-        """The stack's state as `pulumi stack export` writes it ({"version", "deployment"})."""
-        name = self.name
-        state = self._run(lambda: self._workspace.export_stack(name), f"stack export {name}")
-        if not isinstance(state.deployment, dict):
-            raise StackClientError(f"`pulumi stack export --stack {name}` returned no deployment")
-        return {"version": state.version, "deployment": state.deployment}
+        """The stack's state (`pulumi stack export`: secrets stay encrypted), {"deployment"...}."""
+        state = self._json(["stack", "export", "--stack", self.name], "state")
+        if not isinstance(state.get("deployment"), dict):
+            raise StackClientError(f"`pulumi stack export --stack {self.name}` has no deployment")
+        return state
+
+    def _json(self, args: list[str], what: str) -> dict[str, Any]:
+        """One read-only command through the workspace's command runner, its JSON object."""
+        result = self._run(
+            lambda: self._workspace.pulumi_command.run(list(args), self._workspace.work_dir, {}),
+            shlex.join(args),
+        )
+        try:
+            data = json.loads(result.stdout or "{}")
+        except json.JSONDecodeError as exc:
+            raise StackClientError(f"`pulumi {shlex.join(args)}` printed no JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise StackClientError(f"`pulumi {shlex.join(args)}`: the {what} are not a JSON object")
+        return data
 
     def replace_argv(self, urn: str, stack: str | None = None) -> list[str]:
         """The `pulumi up` arguments that delete and recreate one resource of the stack."""

@@ -290,7 +290,6 @@ def test_outputs_come_from_the_pulumi_cli(
     assert ops.load_outputs("prod") == {"deployments": {"train": {}}}
     assert (fake.parent / "args").read_text().splitlines() == [
         "--non-interactive stack output --json --stack prod",
-        "--non-interactive stack output --json --show-secrets --stack prod",
     ]
 
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
