@@ -218,6 +218,13 @@ class ServingSection(_Section, settings.ServeSettings):
         "preemptible", description="spot, preemptible or on-demand capacity."
     )
     node_name: str | None = _field(None, description="TPU node name; null = `<namePrefix>-serve`.")
+    stop_after_hours: float | None = _field(
+        None,
+        gt=0,
+        le=8760,
+        description="Stop the serving TPU this many hours after each boot (a stopped node is not "
+        "billed; `gcloud compute tpus tpu-vm start` brings it back); null = no limit.",
+    )
     min_concurrent_sequences: int = _field(
         1, ge=1, description="Full-length sequences the KV cache must hold (HBM check)."
     )

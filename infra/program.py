@@ -277,10 +277,18 @@ def build(
             opts=vm_opts,
         )
 
+    # The training VM deletes its own node when the run is done (workloads release); the serving
+    # VM stops its own after its time limit.
+    self_service: list[str] = []
     if cfg.training.release_when_done and released is None:
-        # The training VM deletes its own node when the run is done (workloads release).
+        self_service += sa_mod.RELEASE_PERMISSIONS
+    if cfg.serving.enabled and cfg.serving.stop_after_hours is not None:
+        self_service += sa_mod.STOP_PERMISSIONS
+    if self_service:
         grants.append(
-            sa_mod.self_release_grant("vm-sa-release", cfg.project, account, prefix=cfg.name_prefix)
+            sa_mod.self_service_grant(
+                "vm-sa-self", cfg.project, account, prefix=cfg.name_prefix, permissions=self_service
+            )
         )
     train_vm = None
     if released is None:

@@ -89,6 +89,13 @@ def render_run_config(cfg: config_mod.StackConfig) -> runconfig.RunConfig:
             "node": cfg.training_node_name,
             "marker": release_marker_uri(cfg),
         }
+    if cfg.serving.enabled and cfg.serving.stop_after_hours is not None:
+        data["stop"] = {
+            "project": cfg.project,
+            "zone": cfg.serving.zone,
+            "node": cfg.serving_node_name,
+            "after_hours": cfg.serving.stop_after_hours,
+        }
     if cfg.merge.enabled:
         data["merge"] = {**values_of(cfg.merge, settings.MergeSettings), "out": merged_uri(cfg)}
     s = cfg.serving

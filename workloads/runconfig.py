@@ -249,6 +249,17 @@ class ReleaseSection(_Section):
     )
 
 
+class StopSection(_Section):
+    """Stopping the serving TPU after a time limit (the stack's serving.stopAfterHours)."""
+
+    project: str = pydantic.Field(description="Project of the serving TPU node.")
+    zone: str = pydantic.Field(description="Zone of the serving TPU node.")
+    node: str = pydantic.Field(description="Name of the serving TPU node (this VM).")
+    after_hours: float = pydantic.Field(
+        gt=0, description="Hours after each boot of the VM at which the node is stopped."
+    )
+
+
 class RunConfig(_Section):
     """Everything one run needs; written by infra (infra/runconfig render) and read on the VM."""
 
@@ -265,6 +276,9 @@ class RunConfig(_Section):
     eval: EvalSection | None = pydantic.Field(None, description="Evaluation; null = none.")
     release: ReleaseSection | None = pydantic.Field(
         None, description="Delete the training TPU when done; null = keep it."
+    )
+    stop: StopSection | None = pydantic.Field(
+        None, description="Stop the serving TPU after a time limit; null = no limit."
     )
 
     def to_yaml(self) -> str:

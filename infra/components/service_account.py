@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
 
 import pulumi
 import pulumi_gcp as gcp
@@ -80,16 +81,18 @@ class VmServiceAccount(pulumi.ComponentResource):
         self.register_outputs({"email": self.email, "member": self.member})
 
 
-# What a training VM needs to delete its own node when its run is done (training.releaseWhenDone):
-# read the node, delete it, follow the operation. A custom role, so nothing else comes with it;
-# granted on the project (Cloud TPU has no per-node IAM), only when the stack asks for release.
-SELF_RELEASE_PERMISSIONS = ("tpu.nodes.get", "tpu.nodes.delete", "tpu.operations.get")
+# What a VM needs to give its own node back: the training VM deletes it when its run is done
+# (training.releaseWhenDone), the serving VM stops it after its time limit
+# (serving.stopAfterHours). A custom role with only what the stack asks for; granted on the
+# project (Cloud TPU has no per-node IAM), and not at all when neither is asked.
+RELEASE_PERMISSIONS = ("tpu.nodes.get", "tpu.nodes.delete", "tpu.operations.get")
+STOP_PERMISSIONS = ("tpu.nodes.get", "tpu.nodes.stop", "tpu.operations.get")
 
 
-def self_release_grant(
-    name: str, project: str, account: VmServiceAccount, *, prefix: str
+def self_service_grant(
+    name: str, project: str, account: VmServiceAccount, *, prefix: str, permissions: Sequence[str]
 ) -> pulumi.Resource:
-    """A custom role with exactly SELF_RELEASE_PERMISSIONS, granted to the VMs' account.
+    """A custom role with exactly `permissions`, granted to the VMs' account.
 
     Returns:
         The grant (the VMs depend on it: a run may finish before anyone looks).
@@ -98,10 +101,11 @@ def self_release_grant(
         f"{name}-role",
         project=project,
         # Role ids allow letters, digits, '_' and '.': one role per stack prefix.
-        role_id="gemma4SelfRelease_" + re.sub(r"[^A-Za-z0-9_]", "_", prefix),
-        title=f"gemma4-tpu self-release ({prefix})",
-        description="Lets the training VM delete its own TPU node once its run is done.",
-        permissions=list(SELF_RELEASE_PERMISSIONS),
+        role_id="gemma4SelfService_" + re.sub(r"[^A-Za-z0-9_]", "_", prefix),
+        title=f"gemma4-tpu self-service ({prefix})",
+        description="Lets the TPU VMs delete or stop their own node (releaseWhenDone, "
+        "stopAfterHours).",
+        permissions=sorted(set(permissions)),
         opts=pulumi.ResourceOptions(parent=account),
     )
     return gcp.projects.IAMMember(

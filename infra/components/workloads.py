@@ -52,11 +52,22 @@ SERVE_UNIT = "gemma4-serve.service"
 EVAL_UNIT = "gemma4-eval.service"
 BENCH_UNIT = "gemma4-bench.service"
 RELEASE_UNIT = "gemma4-release.service"
-ALL_UNITS = (TRAIN_UNIT, MERGE_UNIT, RELEASE_UNIT, SERVE_UNIT, EVAL_UNIT, BENCH_UNIT)
+STOP_UNIT = "gemma4-serve-stop.service"
+STOP_TIMER = "gemma4-serve-stop.timer"
+ALL_UNITS = (
+    TRAIN_UNIT,
+    MERGE_UNIT,
+    RELEASE_UNIT,
+    SERVE_UNIT,
+    EVAL_UNIT,
+    BENCH_UNIT,
+    STOP_UNIT,
+    STOP_TIMER,
+)
 # Run-config sections that only the serving VM reads. The training VM's copy leaves them out,
 # so that a serving change (port, maxModelLen, eval or bench settings) keeps the training
 # deployment's run-config hash and does not stop and restart a running training job.
-SERVE_ONLY_SECTIONS = ("serve", "eval", "bench")
+SERVE_ONLY_SECTIONS = ("serve", "eval", "bench", "stop")
 
 
 def run_config_for(role: Role, run_config: runconfig.RunConfig) -> runconfig.RunConfig:
@@ -231,7 +242,8 @@ def plan_units(
         gemma4-merge (started by train's OnSuccess=); with a release section, gemma4-release
         (started by the last of those two on success).
     serve: gemma4-serve (enabled, started), plus gemma4-eval and gemma4-bench when configured
-        (enabled as WantedBy=gemma4-serve, so every serve start pulls them in; bench after eval).
+        (enabled as WantedBy=gemma4-serve, so every serve start pulls them in; bench after eval),
+        and with a stop section the gemma4-serve-stop timer (enabled, started) and its service.
 
     Raises:
         ValueError: an unknown role, or a serve role without a serve section.
@@ -277,6 +289,11 @@ def plan_units(
         if run_config.bench is not None:
             units[BENCH_UNIT] = render(BENCH_UNIT, after_eval=run_config.eval is not None, **health)
             order.append(BENCH_UNIT)
+        if run_config.stop is not None:
+            stop = run_config.stop
+            units[STOP_UNIT] = render(STOP_UNIT, stop=stop)
+            units[STOP_TIMER] = render(STOP_TIMER, after_s=round(stop.after_hours * 3600))
+            order.append(STOP_TIMER)
         return UnitPlan(units, enable=list(order), start=list(order))
     raise ValueError(f"unknown role {role!r}; allowed: {', '.join(ROLES)}")
 

@@ -18,6 +18,7 @@ def make_run_config(
     merge: bool = True,
     serve: bool = False,
     release: bool = False,
+    stop_after_hours: float | None = None,
     run_name: str = "demo",
 ) -> runconfig.RunConfig:
     data: dict[str, Any] = {
@@ -34,6 +35,13 @@ def make_run_config(
             "zone": "us-central1-a",
             "node": "demo-train",
             "marker": f"{run_dir}/released.json",
+        }
+    if stop_after_hours is not None:
+        data["stop"] = {
+            "project": "p",
+            "zone": "asia-northeast1-b",
+            "node": "demo-serve",
+            "after_hours": stop_after_hours,
         }
     if serve:
         data["serve"] = {"model_dir": "gs://b/merged/demo", "port": 8000}

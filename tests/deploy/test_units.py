@@ -91,6 +91,25 @@ def test_release_runs_after_the_last_unit_of_the_run_on_worker_zero(merge) -> No
     assert serve_cfg.release is None
 
 
+def test_the_serving_time_limit_is_a_timer_that_stops_the_node() -> None:
+    cfg = make_run_config(serve=True, stop_after_hours=12)
+    plan = component.plan_units("serve", cfg, PROD)
+    assert plan.enable[-1] == plan.start[-1] == "gemma4-serve-stop.timer"
+    timer = _parse(plan.units["gemma4-serve-stop.timer"])
+    assert timer["Timer"]["OnBootSec"] == "43200s"  # 12 h after each boot
+    assert timer["Timer"]["Unit"] == "gemma4-serve-stop.service"
+    assert timer["Install"]["WantedBy"] == "timers.target"
+    stop = _parse(plan.units["gemma4-serve-stop.service"])["Service"]
+    assert stop["ExecStart"] == (
+        "/usr/bin/env gcloud compute tpus tpu-vm stop demo-serve --zone=asia-northeast1-b "
+        "--project=p --quiet --async"
+    )
+    # The training VM's copy of the run config has no stop section; without one, no timer.
+    assert component.run_config_for("train", cfg).stop is None
+    plain = component.plan_units("serve", make_run_config(serve=True), PROD)
+    assert not [u for u in plain.units if "stop" in u]
+
+
 def test_serve_units_sequence_serve_then_eval_then_bench() -> None:
     plan = component.plan_units("serve", make_run_config(serve=True), PROD)
     assert plan.start == ["gemma4-serve.service", "gemma4-eval.service", "gemma4-bench.service"]
@@ -127,7 +146,7 @@ def test_every_unit_passes_systemd_analyze_verify(
     python.parent.mkdir(parents=True)
     python.symlink_to(sys.executable)
     (root / "var/lib/gemma4").mkdir(parents=True)
-    cfg = make_run_config(serve=True, release=True)
+    cfg = make_run_config(serve=True, release=True, stop_after_hours=1.5)
     plan = component.plan_units(role, cfg, remote.RemoteLayout(str(root)))
     prod = component.plan_units(role, cfg, PROD)
     units_dir = tmp_path / "units"

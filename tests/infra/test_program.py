@@ -459,7 +459,7 @@ def test_release_when_done_grants_only_self_deletion_and_tells_the_vm(monkeypatc
         "tpu.operations.get",
     ]
     member = next(
-        r for r in rec.of_type(PROJECT_IAM) if "roles/gemma4SelfRelease_" in r.inputs["role"]
+        r for r in rec.of_type(PROJECT_IAM) if "roles/gemma4SelfService_" in r.inputs["role"]
     )
     assert member.inputs["member"].startswith("serviceAccount:")
     assert len(rec.of_type(TPU)) == 1
@@ -476,3 +476,20 @@ def test_a_released_run_leaves_its_training_node_out(monkeypatch):
     assert rec.outputs["trainReleased"]["released_at"] == "2026-11-25"
     assert "trainWorkerIps" not in rec.outputs and rec.outputs["deployments"] == {}
     assert len(rec.of_type(BUCKET)) == 1  # the data stays
+
+
+def test_a_serving_time_limit_grants_only_self_stop(monkeypatch):
+    mapping = pulumi_mocks.stack_file_config("prod")
+    mapping["serving"] = {**mapping["serving"], "stopAfterHours": 8}
+    rec = pulumi_mocks.run_program("prod", mapping, hf_token=TOKEN)
+    assert sorted(rec.one(CUSTOM_ROLE).inputs["permissions"]) == [
+        "tpu.nodes.get",
+        "tpu.nodes.stop",
+        "tpu.operations.get",
+    ]
+    serve = next(d for d in rec.of_type(DEPLOYMENT) if "serve" in d.name)
+    assert "gemma4-serve-stop.timer" in serve.inputs["units"]
+    assert "OnBootSec=28800s" in serve.inputs["units"]["gemma4-serve-stop.timer"]
+    # Without a limit (the checked-in prod stack) there is no role at all.
+    plain = pulumi_mocks.run_program("prod", pulumi_mocks.stack_file_config("prod"), hf_token=TOKEN)
+    assert plain.of_type(CUSTOM_ROLE) == []
