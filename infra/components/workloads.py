@@ -463,8 +463,8 @@ def declare_for_stack(
 
     Args:
         cfg: the validated infra.config.StackConfig.
-        run_config: infra.runconfig_render.render_run_config(cfg); the training VM gets it
-            without the serving sections (run_config_for).
+        run_config: infra.runconfig_render.render_run_config(cfg); each VM gets it without
+            the other's sections (run_config_for).
         train_hosts: the training VM's worker addresses (TpuVm.external_ips), or None when the
             run released its node.
         serve_hosts: the serving VM's, or None when serving is off.
@@ -477,29 +477,23 @@ def declare_for_stack(
     settings = ssh.SshSettings(
         user=cfg.ssh.user, key_path=cfg.ssh.private_key_file, known_hosts=known_hosts
     )
-    result = {}
-    if train_hosts is not None:
-        result["train"] = declare(
-            "train-deploy",
-            vm=cfg.training_node_name,
-            role="train",
-            hosts=train_hosts,
-            run_config=run_config_for("train", run_config),
+    result: dict[str, WorkloadsDeployment] = {}
+    vms: tuple[tuple[Role, pulumi.Input[Sequence[str]] | None, str, str], ...] = (
+        ("train", train_hosts, cfg.training_node_name, cfg.training.zone),
+        ("serve", serve_hosts, cfg.serving_node_name, cfg.serving.zone),
+    )
+    for role, hosts, node, zone in vms:
+        if hosts is None:
+            continue
+        result[role] = declare(
+            f"{role}-deploy",
+            vm=node,
+            role=role,
+            hosts=hosts,
+            run_config=run_config_for(role, run_config),
             ssh_settings=settings,
             project=cfg.project,
-            zone=cfg.training.zone,
-            opts=opts,
-        )
-    if serve_hosts is not None:
-        result["serve"] = declare(
-            "serve-deploy",
-            vm=cfg.serving_node_name,
-            role="serve",
-            hosts=serve_hosts,
-            run_config=run_config,
-            ssh_settings=settings,
-            project=cfg.project,
-            zone=cfg.serving.zone,
+            zone=zone,
             opts=opts,
         )
     return result
