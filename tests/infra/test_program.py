@@ -492,8 +492,8 @@ def test_a_serving_time_limit_grants_only_self_stop(monkeypatch):
     assert "OnBootSec=28800s" in serve.inputs["units"]["gemma4-serve-stop.timer"]
     # Each VM's run config leaves the other's sections out (no redeploy for the other's change).
     train = next(d for d in rec.of_type(DEPLOYMENT) if "train" in d.name)
-    assert "\nstop:" not in train.inputs["run_config_yaml"]
-    assert "\nstop:" in serve.inputs["run_config_yaml"]
+    assert "\nstop: null\n" in train.inputs["run_config_yaml"]
+    assert "\nstop:\n" in serve.inputs["run_config_yaml"]
     # Without a limit (the checked-in prod stack) there is no role at all.
     plain = pulumi_mocks.run_program("prod", pulumi_mocks.stack_file_config("prod"), hf_token=TOKEN)
     assert plain.of_type(CUSTOM_ROLE) == []
