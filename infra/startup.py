@@ -32,7 +32,8 @@ LIBTPU_FIND_LINKS = "https://storage.googleapis.com/jax-releases/libtpu_releases
 CONSTRAINTS_FILE = pathlib.Path(__file__).resolve().parent.parent / "constraints.txt"
 
 
-def _normalized(name: str) -> str:
+def normalized_name(name: str) -> str:
+    """A distribution name as pip compares them (PEP 503): `Cloud_TPU.x` -> `cloud-tpu-x`."""
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
@@ -44,7 +45,7 @@ def pinned_versions(path: pathlib.Path = CONSTRAINTS_FILE) -> dict[str, str]:
         line = line.split("#", 1)[0].strip()
         if line:
             name, _, version = line.partition("==")
-            pins[_normalized(name)] = version.strip()
+            pins[normalized_name(name)] = version.strip()
     return pins
 
 
@@ -56,7 +57,7 @@ def pinned(requirement: str) -> str:
     """
     name = requirement.split("[", 1)[0]
     try:
-        return f"{requirement}=={pinned_versions()[_normalized(name)]}"
+        return f"{requirement}=={pinned_versions()[normalized_name(name)]}"
     except KeyError:
         raise KeyError(f"{name} is not pinned in {CONSTRAINTS_FILE.name}") from None
 

@@ -16,6 +16,8 @@ import tomllib
 
 import pytest
 
+from infra import startup
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGES = ("workloads", "infra")
 # Declared, never imported by name, needed at run time: what they plug into says why.
@@ -28,7 +30,8 @@ RUNTIME_EXTRAS = ("infra", "workloads", "compile")
 
 
 def _name(requirement: str) -> str:
-    return re.split(r"[<>=!~\[ ;]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+    """The distribution a requirement line names, normalized as pip does (infra.startup)."""
+    return startup.normalized_name(re.split(r"[<>=!~\[ ;]", requirement, maxsplit=1)[0])
 
 
 def _declared() -> set[str]:
@@ -175,8 +178,6 @@ def test_no_import_cycle(package):
 def test_constraints_pin_every_declared_package_at_the_version_installed_here():
     """constraints.txt is the one source of pins: CI installs with it, the VMs are pinned from
     it (infra.startup), so what the tests ran is what the VMs run."""
-    from infra import startup
-
     pins = startup.pinned_versions()
     assert not _declared() - set(pins), "declared but not pinned in constraints.txt"
     wrong = {}

@@ -30,10 +30,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 ROLE_REQUIREMENTS = {"train": startup.train_requirements(), "serve": startup.serve_requirements()}
 
 
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def _module_path(name: str) -> pathlib.Path | None:
     base = ROOT.joinpath(*name.split("."))
     for path in (base.with_suffix(".py"), base / "__init__.py"):
@@ -122,7 +118,7 @@ def provided(requirements: tuple[str, ...]) -> set[str]:
     todo = [Requirement(r).name for r in (*requirements, *core) if not r.startswith("-")]
     result: set[str] = set()
     while todo:
-        name = _norm(todo.pop())
+        name = startup.normalized_name(todo.pop())
         if name in result:
             continue
         result.add(name)
@@ -166,7 +162,7 @@ def test_the_pinned_stack_provides_every_import_of_the_roles_commands(role):
     distributions = md.packages_distributions()
     missing = {}
     for module, importer in third_party_imports(["workloads.__main__", *commands]).items():
-        dists = {_norm(d) for d in distributions.get(module, [])}
+        dists = {startup.normalized_name(d) for d in distributions.get(module, [])}
         if not dists & have:
             missing[module] = importer
     assert missing == {}, (
