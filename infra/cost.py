@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, TextIO
 
+from infra import tpu_api
 from infra.deployment_record import VmInfo
 from workloads import catalog
 
@@ -62,22 +63,16 @@ def _as_datetime(value: Any) -> datetime.datetime | None:
     return value if value.tzinfo else value.replace(tzinfo=datetime.UTC)
 
 
-def node_cost(
-    info: VmInfo, client: Any, now: datetime.datetime, *, not_found: Callable[[Exception], bool]
-) -> NodeCost:
+def node_cost(info: VmInfo, client: tpu_api.TpuApi, now: datetime.datetime) -> NodeCost:
     """The priced state of one VM.
 
     Raises:
         Exception: whatever the TPU API raised, other than "not found".
     """
-    name = f"projects/{info.project}/locations/{info.zone}/nodes/{info.vm}"
-    try:
-        node = client.get_node(name=name)
-    except Exception as exc:
-        if not_found(exc):
-            return NodeCost(info.role, info.vm, "NOT_FOUND")
-        raise
-    state = str(getattr(getattr(node, "state", None), "name", None) or "STATE_UNSPECIFIED")
+    node = tpu_api.get_node(client, tpu_api.node_path(str(info.project), str(info.zone), info.vm))
+    if node is None:
+        return NodeCost(info.role, info.vm, "NOT_FOUND")
+    state = tpu_api.state_name(node)
     accelerator = str(getattr(node, "accelerator_type", "") or "") or None
     known = catalog.ACCELERATORS.get(accelerator or "")
     created = _as_datetime(getattr(node, "create_time", None))
@@ -129,11 +124,10 @@ def run(
     infos: Sequence[VmInfo],
     out: TextIO,
     *,
-    client: Any,
+    client: tpu_api.TpuApi,
     now: datetime.datetime | None = None,
-    not_found: Callable[[Exception], bool],
 ) -> int:
     """Prices every VM of the stack; 0."""
     moment = now or datetime.datetime.now(datetime.UTC)
-    report([node_cost(info, client, moment, not_found=not_found) for info in infos], out)
+    report([node_cost(info, client, moment) for info in infos], out)
     return 0

@@ -19,8 +19,16 @@ from typing import Any, TextIO
 
 import fabric
 
-from infra import cost, recover, remote, ssh
-from infra.stack_outputs import OpsError, Released, VmInfo, load_outputs, vm_info
+from infra import cost, recover, remote, ssh, tpu_api
+from infra.stack_outputs import (
+    OpsError,
+    Released,
+    VmInfo,
+    load_outputs,
+    release_message,
+    vm_info,
+)
+from workloads import errors
 
 ROLES = ("train", "serve")
 
@@ -56,17 +64,12 @@ def tpu_state(info: VmInfo, client_factory: Callable[[], Any] | None = None) -> 
     """The TPU node's state (READY, PREEMPTED, ...) from the Cloud TPU API, or why it is unknown."""
     if not (info.project and info.zone):
         return "unknown (no project/zone in the stack outputs)"
-    name = f"projects/{info.project}/locations/{info.zone}/nodes/{info.vm}"
+    name = tpu_api.node_path(info.project, info.zone, info.vm)
     try:
-        if client_factory is None:
-            from google.cloud import tpu_v2  # lazy: only `status` needs it
-
-            client_factory = tpu_v2.TpuClient
-        node = client_factory().get_node(name=name)
+        node = tpu_api.new_client(client_factory).get_node(name=name)
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        return f"unknown ({type(exc).__name__}: {first})"
-    state = getattr(getattr(node, "state", None), "name", None) or str(getattr(node, "state", "?"))
+        return f"unknown ({errors.exception_line(exc)})"
+    state = tpu_api.state_name(node)
     health = getattr(getattr(node, "health", None), "name", None)
     return f"{state}" + (f", health {health}" if health and health != "HEALTH_UNSPECIFIED" else "")
 
@@ -385,23 +388,20 @@ def _cost(
 ) -> int:
     deployments = outputs.get("deployments")
     roles = [r for r in ROLES if isinstance(deployments, dict) and r in deployments]
-    if isinstance(outputs.get("trainReleased"), dict):
-        try:
-            vm_info(outputs, "train")
-        except Released as exc:
-            print(f"train VM: {exc}; not billed", file=out)
+    released = release_message(outputs)
+    if released is not None:
+        print(f"train VM: {released}; not billed", file=out)
         if not roles:
             print("now: $0.00/h for 0 running VM(s)", file=out)
             return 0
     if not roles:
         raise OpsError("the stack has no 'deployments' output: run `pulumi up` first")
     infos = [vm_info(outputs, role, require_hosts=False) for role in roles]
-    client = recover.tpu_client(tpu_client_factory)
+    client = tpu_api.client(tpu_client_factory)
     try:
-        return cost.run(infos, out, client=client, not_found=recover.is_not_found)
+        return cost.run(infos, out, client=client)
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise OpsError(f"cannot read the TPU nodes: {type(exc).__name__}: {first}") from exc
+        raise OpsError(f"cannot read the TPU nodes: {errors.exception_line(exc)}") from exc
 
 
 def _exec(argv: list[str]) -> int:

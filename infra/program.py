@@ -28,7 +28,7 @@ from infra.components import secret as secret_mod
 from infra.components import service_account as sa_mod
 from infra.components import tpu_vm as tpu_mod
 from infra.components import workloads as deploy_mod
-from workloads import catalog, runconfig
+from workloads import catalog, errors, runconfig
 
 COST_BASIS = "on-demand list price per hour (the paper's rates); spot/preemptible is billed less"
 
@@ -419,10 +419,9 @@ def read_release(cfg: config_mod.StackConfig) -> dict[str, Any] | None:
     try:
         released = release_record.read(cfg)
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         pulumi.log.warn(
             f"training.releaseWhenDone: cannot read {runconfig_render.release_marker_uri(cfg)} "
-            f"({type(exc).__name__}: {first}); declaring the training node as usual"
+            f"({errors.exception_line(exc)}); declaring the training node as usual"
         )
         return None
     if released is not None:

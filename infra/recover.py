@@ -24,10 +24,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol, TextIO
+from typing import Any, TextIO
 
+from infra import tpu_api
 from infra.stack_client import StackClient, StackClientError
 from infra.stack_outputs import OpsError, load_outputs, vm_info
+from workloads import errors
 
 HELP = "recreate a preempted spot/preemptible TPU VM (pulumi up --replace); the job resumes"
 V2VM_TYPE = "gcp:tpu/v2Vm:V2Vm"
@@ -43,12 +45,6 @@ class UpFailed(OpsError):
     """`pulumi up --replace` exited non-zero (capacity, quota, a locked stack): worth retrying."""
 
 
-class TpuApi(Protocol):
-    """The one call of `google.cloud.tpu_v2.TpuClient` that recover uses."""
-
-    def get_node(self, *, name: str) -> Any: ...
-
-
 @dataclasses.dataclass(frozen=True)
 class Target:
     """The TPU node of one role of the stack, and where its run writes."""
@@ -61,7 +57,7 @@ class Target:
 
     @property
     def resource_name(self) -> str:
-        return f"projects/{self.project}/locations/{self.zone}/nodes/{self.node}"
+        return tpu_api.node_path(self.project, self.zone, self.node)
 
     @property
     def label(self) -> str:
@@ -89,36 +85,20 @@ def target_from_outputs(outputs: dict[str, Any], role: str) -> Target:
     return Target(role, node, str(zone), str(info.project), str(run_dir) if run_dir else None)
 
 
-def node_state(client: TpuApi, target: Target) -> str:
+def node_state(client: tpu_api.TpuApi, target: Target) -> str:
     """The node's state name (READY, PREEMPTED, ...); NOT_FOUND when the node does not exist.
 
     Raises:
         OpsError: the API call failed (credentials, permissions, network).
     """
     try:
-        node = client.get_node(name=target.resource_name)
+        node = tpu_api.get_node(client, target.resource_name)
     except Exception as exc:
-        if is_not_found(exc):
-            return "NOT_FOUND"
         raise OpsError(
-            f"cannot read the state of TPU node {target.resource_name}: {_first_line(exc)}"
+            f"cannot read the state of TPU node {target.resource_name}: "
+            f"{errors.exception_line(exc)}"
         ) from exc
-    state = getattr(node, "state", None)
-    return str(getattr(state, "name", None) or state or "STATE_UNSPECIFIED")
-
-
-def is_not_found(exc: BaseException) -> bool:
-    """Whether a TPU API call failed because the node does not exist."""
-    try:
-        from google.api_core import exceptions  # lazy: only the real client raises these
-    except ImportError:
-        return False
-    return isinstance(exc, exceptions.NotFound)
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return "NOT_FOUND" if node is None else tpu_api.state_name(node)
 
 
 def find_urn(export: dict[str, Any], target: Target) -> str:
@@ -162,13 +142,9 @@ def stack_client(stack: str | None) -> StackClient:
         OpsError: no pulumi CLI, or it cannot be used.
     """
     try:
-        return StackClient(stack)
+        return StackClient(stack, needed_for="recover recreates the VM with `pulumi up --replace`")
     except StackClientError as exc:
-        reason = str(exc).split(" (install it", 1)[0]
-        raise OpsError(
-            f"{reason}: recover recreates the VM with `pulumi up --replace` "
-            "(install it: https://www.pulumi.com/docs/install/)"
-        ) from None
+        raise OpsError(str(exc)) from None
 
 
 Confirm = Callable[[str], bool]
@@ -228,7 +204,7 @@ def recover_node(
 
 def recover_once(
     target: Target,
-    client: TpuApi,
+    client: tpu_api.TpuApi,
     confirm: Confirm,
     out: TextIO,
     *,
@@ -260,7 +236,7 @@ def run_finished(target: Target) -> str | None:
 
 def watch(
     target: Target,
-    client: TpuApi,
+    client: tpu_api.TpuApi,
     confirm: Confirm,
     out: TextIO,
     *,
@@ -295,7 +271,7 @@ def watch(
             state = None if done else node_state(client, target)
         except Exception as exc:  # a transient API or GCS problem: try again next time
             failures += 1
-            text = str(exc) if isinstance(exc, OpsError) else _first_line(exc)
+            text = str(exc) if isinstance(exc, OpsError) else errors.exception_line(exc)
             if failures >= MAX_FAILED_CHECKS:
                 raise OpsError(f"{failures} checks in a row failed; last: {text}") from exc
             print(f"{_stamp()} check failed ({failures}/{MAX_FAILED_CHECKS}): {text}", file=out)
@@ -358,25 +334,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def tpu_client(factory: Callable[[], TpuApi] | None) -> TpuApi:
-    try:
-        if factory is None:
-            from google.cloud import tpu_v2  # lazy: a heavy import only this command needs
-
-            factory = tpu_v2.TpuClient
-        return factory()
-    except Exception as exc:
-        raise OpsError(
-            f"cannot create a Cloud TPU API client: {_first_line(exc)} "
-            "(`gcloud auth application-default login`?)"
-        ) from exc
-
-
 def run(
     args: argparse.Namespace,
     out: TextIO,
     *,
-    tpu_client_factory: Callable[[], TpuApi] | None = None,
+    tpu_client_factory: Callable[[], tpu_api.TpuApi] | None = None,
     stdin: TextIO | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
@@ -397,7 +359,7 @@ def run(
             "refusing to --watch without --yes when stdin is not a terminal "
             "(nobody could confirm a recovery): pass --yes"
         )
-    client = tpu_client(tpu_client_factory)
+    client = tpu_api.client(tpu_client_factory)
     if args.watch:
         return watch(
             target,

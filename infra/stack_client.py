@@ -35,13 +35,23 @@ class StackClientError(Exception):
 class StackClient:
     """The project's stack `stack` (None: the stack currently selected in this checkout).
 
+    `needed_for` says in the missing-CLI error what the caller needs the CLI for.
+
     Raises (from every method): StackClientError.
     """
 
-    def __init__(self, stack: str | None = None, *, work_dir: pathlib.Path = ROOT):
+    def __init__(
+        self,
+        stack: str | None = None,
+        *,
+        work_dir: pathlib.Path = ROOT,
+        needed_for: str | None = None,
+    ):
         if shutil.which("pulumi") is None:
+            why = f": {needed_for}" if needed_for else ""
             raise StackClientError(
-                "the pulumi CLI is not on PATH (install it: https://www.pulumi.com/docs/install/)"
+                f"the pulumi CLI is not on PATH{why} "
+                "(install it: https://www.pulumi.com/docs/install/)"
             )
         try:
             self._workspace = auto.LocalWorkspace(work_dir=str(work_dir))
@@ -95,7 +105,7 @@ class StackClient:
         """Runs `pulumi up --replace <urn>`, passing Pulumi's progress lines to `on_output`.
 
         Raises:
-            StackClientError: pulumi exited non-zero (`exit_code` says with what).
+            StackClientError: pulumi exited non-zero (the message gives its exit code).
         """
         args = self.replace_argv(urn, stack)
         try:

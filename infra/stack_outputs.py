@@ -14,7 +14,7 @@ from typing import Any
 from infra.deployment_record import VmInfo
 from infra.stack_client import StackClient, StackClientError
 
-__all__ = ["OpsError", "Released", "VmInfo", "load_outputs", "vm_info"]
+__all__ = ["OpsError", "Released", "VmInfo", "load_outputs", "release_message", "vm_info"]
 
 
 class OpsError(Exception):
@@ -50,20 +50,29 @@ def load_outputs(stack: str | None = None, outputs_file: str | None = None) -> d
     return data
 
 
+def release_message(outputs: dict[str, Any]) -> str | None:
+    """What the `trainReleased` output says, as one line; None when the training VM was not
+    released (training.releaseWhenDone)."""
+    released = outputs.get("trainReleased")
+    if not isinstance(released, dict):
+        return None
+    return (
+        f"the training VM {released.get('node') or outputs.get('trainNode')} was released "
+        f"when run {released.get('run_name', '?')} finished "
+        f"({released.get('released_at', '?')}; {released.get('marker', 'released.json')}): "
+        "set a new runName and `pulumi up` to train again"
+    )
+
+
 def vm_info(outputs: dict[str, Any], role: str, *, require_hosts: bool = True) -> VmInfo:
     """The deployment info of the stack's `role` VM (`require_hosts=False`: addresses optional).
 
     Raises:
         OpsError: the stack has no deployments output, no such VM, or no worker addresses.
     """
-    released = outputs.get("trainReleased")
-    if role == "train" and isinstance(released, dict):
-        raise Released(
-            f"the training VM {released.get('node') or outputs.get('trainNode')} was released "
-            f"when run {released.get('run_name', '?')} finished "
-            f"({released.get('released_at', '?')}; {released.get('marker', 'released.json')}): "
-            "set a new runName and `pulumi up` to train again"
-        )
+    released = release_message(outputs) if role == "train" else None
+    if released is not None:
+        raise Released(released)
     deployments = outputs.get("deployments")
     if not isinstance(deployments, dict) or not deployments:
         raise OpsError(

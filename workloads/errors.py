@@ -9,3 +9,10 @@ class UserError(Exception):
     The message is one line naming the field or file, the bad value and what is allowed.
     The CLI prints it as `error: <message>` and exits with status 2.
     """
+
+
+def exception_line(exc: BaseException) -> str:
+    """An unexpected exception as one line: `Type: first line of its message` (just the type
+    when the message is empty)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from infra import cost, ops
+from infra import cost, ops, tpu_api
 from workloads import catalog
 
 NOW = datetime.datetime(2026, 11, 25, 12, 0, tzinfo=datetime.UTC)
@@ -77,7 +77,7 @@ def test_running_vms_are_priced_and_summed():
         }
     )
     out = io.StringIO()
-    cost.run(infos, out, client=client, now=NOW, not_found=lambda e: isinstance(e, NotFound))
+    cost.run(infos, out, client=client, now=NOW)
     v5p, v6e = catalog.accelerator("v5p-8").hourly_usd, catalog.accelerator("v6e-8").hourly_usd
     lines = out.getvalue().splitlines()
     assert lines[0] == (
@@ -108,7 +108,7 @@ def test_a_node_that_is_not_ready_is_not_billed(tmp_path, capsys, state):
 
 
 def test_a_released_node_costs_nothing_and_api_errors_are_one_line(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(ops.recover, "is_not_found", lambda e: isinstance(e, NotFound))
+    monkeypatch.setattr(tpu_api, "is_not_found", lambda e: isinstance(e, NotFound))
     outputs = _outputs(tmp_path, "train", "serve")
     tpu = FakeTpu({"gemma4-serve": _node("READY", "v6e-8", 0.5)})
     out = io.StringIO()

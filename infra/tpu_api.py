@@ -1,0 +1,81 @@
+"""The Cloud TPU API boundary of the operator commands (status, cost, recover).
+
+One place that makes the client, reads a node (None when it does not exist) and names its
+state; the commands take the client as a parameter, so the tests hand
+them fakes here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from infra.stack_outputs import OpsError
+from workloads.errors import exception_line
+
+
+class TpuApi(Protocol):
+    """The one call of `google.cloud.tpu_v2.TpuClient` the commands use."""
+
+    def get_node(self, *, name: str) -> Any: ...
+
+
+def node_path(project: str, zone: str, node: str) -> str:
+    return f"projects/{project}/locations/{zone}/nodes/{node}"
+
+
+def new_client(factory: Callable[[], TpuApi] | None) -> TpuApi:
+    """A TPU API client (`factory`, or google.cloud.tpu_v2.TpuClient).
+
+    Raises:
+        Exception: whatever creating it raised (credentials, missing library).
+    """
+    if factory is None:
+        from google.cloud import tpu_v2  # lazy: a heavy import only these commands need
+
+        factory = tpu_v2.TpuClient
+    return factory()
+
+
+def client(factory: Callable[[], TpuApi] | None) -> TpuApi:
+    """new_client, for a command that cannot go on without it.
+
+    Raises:
+        OpsError: the client cannot be created, with a hint.
+    """
+    try:
+        return new_client(factory)
+    except Exception as exc:
+        raise OpsError(
+            f"cannot create a Cloud TPU API client: {exception_line(exc)} "
+            "(`gcloud auth application-default login`?)"
+        ) from exc
+
+
+def is_not_found(exc: BaseException) -> bool:
+    """Whether a TPU API call failed because the node does not exist."""
+    try:
+        from google.api_core import exceptions  # lazy: only the real client raises these
+    except ImportError:
+        return False
+    return isinstance(exc, exceptions.NotFound)
+
+
+def get_node(api: TpuApi, name: str) -> Any | None:
+    """The node, or None when it does not exist.
+
+    Raises:
+        Exception: whatever else the API raised (credentials, permissions, network).
+    """
+    try:
+        return api.get_node(name=name)
+    except Exception as exc:
+        if is_not_found(exc):
+            return None
+        raise
+
+
+def state_name(node: Any) -> str:
+    """READY, PREEMPTED, ... (the enum's name; STATE_UNSPECIFIED when the node says nothing)."""
+    state = getattr(node, "state", None)
+    return str(getattr(state, "name", None) or state or "STATE_UNSPECIFIED")
