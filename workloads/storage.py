@@ -181,7 +181,12 @@ def file_sizes(path: str, *, min_age_s: float = 0) -> dict[str, int]:
 
 
 def copy_tree(
-    src: str, dest: str, *, files: Iterable[str] | None = None, min_age_s: float = 0
+    src: str,
+    dest: str,
+    *,
+    files: Iterable[str] | None = None,
+    min_age_s: float = 0,
+    src_sizes: dict[str, int] | None = None,
 ) -> list[str]:
     """Copies the files of directory `src` that `dest` lacks or holds at another size, in one
     fsspec batch (gcsfs runs a batch's transfers concurrently), between a local directory and a
@@ -192,6 +197,7 @@ def copy_tree(
     Args:
         files: copy only these relative paths (when they differ); default every file of src.
         min_age_s: leave out local source files modified in the last N seconds.
+        src_sizes: `file_sizes(src)` when the caller listed src already (not listed again).
 
     Returns:
         The relative paths copied, sorted.
@@ -199,7 +205,7 @@ def copy_tree(
     Raises:
         errors.UserError: both sides are URLs (not needed here, so not supported).
     """
-    sizes = file_sizes(src, min_age_s=min_age_s)
+    sizes = src_sizes if src_sizes is not None else file_sizes(src, min_age_s=min_age_s)
     there = file_sizes(dest)
     wanted = sizes if files is None else {f: sizes[f] for f in files if f in sizes}
     todo = sorted(rel for rel, size in wanted.items() if there.get(rel) != size)
@@ -241,7 +247,8 @@ def stage_directory(src: str, dest: str) -> str:
     """
     if not is_remote(src):
         return src
-    if not file_sizes(src):
+    sizes = file_sizes(src)
+    if not sizes:
         raise errors.UserError(f"{src}: no files to stage")
-    copy_tree(src, dest)
+    copy_tree(src, dest, src_sizes=sizes)
     return dest

@@ -27,6 +27,4 @@ def push(local_dir: str, remote: str, *, min_age_s: float = 0) -> int:
         min_age_s: skip files modified in the last N seconds (while vLLM may still be writing
             them); the final sync after the container stopped uses 0.
     """
-    if not pathlib.Path(local_dir).is_dir():
-        return 0
     return len(storage.copy_tree(local_dir, remote, min_age_s=min_age_s))
