@@ -25,9 +25,6 @@ from workloads import errors, logs, runconfig, storage
 
 LOG = logs.get("release")
 MARKER_FILE = "released.json"
-# What a finished merge leaves in its output directory (workloads/merge: the index and the
-# metadata are written last).
-MERGE_DONE = ("model.safetensors.index.json", "merge_metadata.json")
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -43,11 +40,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def missing_outputs(cfg: runconfig.RunConfig) -> list[str]:
     """What a finished run has written and this one has not (empty: the run is done)."""
-    from workloads.train import metrics  # lazy: keeps `--help` instant
+    from workloads.serve import staging  # lazy: keeps `--help` instant
+    from workloads.train import metrics
 
     wanted = [runconfig.join(cfg.train.output_dir, metrics.SUMMARY_FILE)]
     if cfg.merge is not None:
-        wanted += [runconfig.join(cfg.merge.out, name) for name in MERGE_DONE]
+        # What a finished merge leaves last; the serving VM waits for the same files.
+        wanted += [runconfig.join(cfg.merge.out, name) for name in staging.MARKERS]
     return [path for path in wanted if not storage.exists(path)]
 
 
