@@ -272,6 +272,11 @@ class StackConfig(_Section):
     # Derived names and places (pure; validation checks that they are valid for GCP).
 
     @property
+    def model_spec(self) -> catalog.ModelSpec | None:
+        """The catalog's shapes of model.name; None for an unknown name (rule_model says so)."""
+        return catalog.MODELS.get(self.model.name)
+
+    @property
     def training_region(self) -> str:
         return catalog.zone_region(self.training.zone)
 

@@ -24,10 +24,6 @@ NO_REMAT_FACTOR = 10  # without remat a layer keeps ~10 activation tensors of [T
 VLLM_ACTIVATION_RESERVE_BYTES = 2 * GIB  # vLLM's profiled peak activations per chip
 
 
-def _model(cfg: StackConfig) -> catalog.ModelSpec | None:
-    return catalog.MODELS.get(cfg.model.name)
-
-
 def lora_param_count(model: catalog.ModelSpec, rank: int, targets: Iterable[str]) -> int:
     """LoRA parameters: r * (fan_in + fan_out) per adapted matrix (A is in x r, B is r x out)."""
     d, f, n, h = model.embed_dim, model.mlp_dim, model.num_heads, model.head_dim
@@ -55,7 +51,7 @@ def training_hbm_bytes(cfg: StackConfig) -> int:
     + rows * T * V * 4 B * 2                          f32 logits and their gradient
     times 1.10, plus 1 GiB of runtime reserve. rows = microBatch / fsdp.
     """
-    model = _model(cfg)
+    model = cfg.model_spec
     if model is None:
         return 0
     mesh = cfg.training.mesh
@@ -93,7 +89,7 @@ def serving_kv_bytes_per_token_per_chip(model: catalog.ModelSpec, tp: int) -> in
 def serving_hbm_bytes(cfg: StackConfig) -> int:
     """Estimated HBM per chip for vLLM: weights / tp + KV cache for minConcurrentSequences
     sequences of maxModelLen tokens + 2 GiB of activations."""
-    model = _model(cfg)
+    model = cfg.model_spec
     tp = max(1, cfg.serving.tensor_parallel_size)
     if model is None:
         return 0
@@ -108,7 +104,7 @@ def serving_hbm_bytes(cfg: StackConfig) -> int:
 def training_shm_bytes(cfg: StackConfig) -> int:
     """/dev/shm of one training host: staged base weights, the merged shards (written there before
     upload when merge is on) and the configured working set."""
-    model = _model(cfg)
+    model = cfg.model_spec
     if model is None:
         return 0
     merged = model.weight_bytes if cfg.merge.enabled else 0
@@ -117,7 +113,7 @@ def training_shm_bytes(cfg: StackConfig) -> int:
 
 def serving_shm_bytes(cfg: StackConfig) -> int:
     """/dev/shm of the serving host: staged merged weights and the working set (XLA cache)."""
-    model = _model(cfg)
+    model = cfg.model_spec
     if model is None:
         return 0
     return int(model.weight_bytes + cfg.serving.shm_working_set_gb * GB)

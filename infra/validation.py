@@ -28,7 +28,6 @@ StackConfig = config_mod.StackConfig
 Rule = Callable[[StackConfig], list[str]]
 
 GB = catalog.GB
-GIB = catalog.GIB
 
 # GCP naming rules (documented limits of each resource type).
 _PROJECT_RE = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
@@ -65,10 +64,6 @@ def _fmt_gb(n: float) -> str:
 
 def _accelerator(name: str) -> catalog.Accelerator | None:
     return catalog.ACCELERATORS.get(name)
-
-
-def _model(cfg: StackConfig) -> catalog.ModelSpec | None:
-    return catalog.MODELS.get(cfg.model.name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,7 +236,7 @@ def rule_bucket_regions(cfg: StackConfig) -> list[str]:
 
 def rule_model(cfg: StackConfig) -> list[str]:
     """A known model, and sequences no longer than its context window."""
-    model = _model(cfg)
+    model = cfg.model_spec
     if model is None:
         return [f"model.name: {cfg.model.name!r}: known models are {', '.join(catalog.MODELS)}"]
     problems = []
@@ -266,7 +261,7 @@ def rule_mesh(cfg: StackConfig) -> list[str]:
             f"training.mesh: fsdp={mesh.fsdp} x tp={mesh.tp} = {mesh.fsdp * mesh.tp}: must equal "
             f"the {acc.jax_devices} JAX devices of {acc.name}"
         )
-    model = _model(cfg)
+    model = cfg.model_spec
     if model is not None:
         bad = [h for h in model.head_counts if h % mesh.tp]
         if bad:
@@ -316,7 +311,7 @@ def rule_serving_tp(cfg: StackConfig) -> list[str]:
     if not cfg.serving.enabled:
         return []
     acc = _accelerator(cfg.serving.accelerator)
-    model = _model(cfg)
+    model = cfg.model_spec
     tp = cfg.serving.tensor_parallel_size
     problems = []
     if tp < 1 or (acc is not None and tp > acc.chips):
@@ -360,7 +355,7 @@ def _shm_room(acc: catalog.Accelerator) -> str:
 def rule_memory(cfg: StackConfig) -> list[str]:
     """Weights + working set fit /dev/shm (never the boot disk); HBM fits per chip."""
     problems: list[str] = []
-    model = _model(cfg)
+    model = cfg.model_spec
     if model is None:
         return problems
     stage = cfg.model.stage_dir.rstrip("/")
