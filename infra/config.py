@@ -27,7 +27,8 @@ HF_TOKEN_KEY = "hfToken"  # noqa: S105 - the name of a config key, not a passwor
 PLACEHOLDER_PROJECT = "your-gcp-project"
 """The project id the checked-in stack files carry; valid in form, refused by preflight."""
 
-ProvisioningModel = Literal["spot", "preemptible", "on-demand"]
+ProvisioningModel = Literal["spot", "preemptible", "on-demand", "queued"]
+QueuedCapacity = Literal["spot", "on-demand"]
 
 
 class ConfigError(Exception):
@@ -154,16 +155,59 @@ class MeshSection(_Section, settings.MeshSettings):
     """The training device mesh."""
 
 
-class TrainingSection(_Section, settings.TrainSettings):
-    """The training TPU VM and the optimisation run."""
+class QueueSection(_Section):
+    """How a queued resource (`provisioning: queued`) asks for its capacity."""
 
-    accelerator: str = _field("v5p-8", description="TPU type of the training slice.")
-    zone: str = _field("us-central1-a", description="Zone of the training slice.")
+    capacity: QueuedCapacity = _field(
+        "spot",
+        description="What the queued request waits for: spot (preemptible, cheaper) or on-demand "
+        "capacity.",
+    )
+    # The queue gives up after this long in one zone, then the next fallback zone is asked.
+    valid_for_hours: float = _field(
+        24.0,
+        gt=0,
+        le=720,
+        description="How long the request waits for capacity in one zone before the next zone of "
+        "zoneFallbacks is asked (`pulumi up` waits with it).",
+    )
+
+
+class SliceSection(_Section):
+    """What both TPU VMs share: where the slice runs and how its capacity is obtained."""
+
+    accelerator: str = _field(description="TPU type of the slice.")
+    zone: str = _field(description="Zone of the slice; its region holds the VM's bucket.")
+    zone_fallbacks: tuple[str, ...] = _field(
+        (),
+        description="Zones to try, in order, when `zone` has no capacity or quota: `pulumi up` "
+        "creates the node in the first that has it and keeps it there (output <role>Zone). "
+        "The bucket stays in `zone`'s region.",
+    )
     runtime_version: str | None = _field(
         None, description="TPU software version; null = the catalog's for the generation."
     )
     provisioning: ProvisioningModel = _field(
-        "spot", description="spot, preemptible or on-demand capacity."
+        "spot",
+        description="spot, preemptible or on-demand capacity, or queued (a queued resource that "
+        "waits for capacity; see queue).",
+    )
+    queue: QueueSection = _field(
+        default_factory=QueueSection, description="The queued request (provisioning: queued)."
+    )
+
+    @property
+    def zones(self) -> tuple[str, ...]:
+        """The zones to try, in order, each once."""
+        return tuple(dict.fromkeys((self.zone, *self.zone_fallbacks)))
+
+
+class TrainingSection(SliceSection, settings.TrainSettings):
+    """The training TPU VM and the optimisation run."""
+
+    accelerator: str = _field("v5p-8", description="TPU type of the training slice.")
+    zone: str = _field(
+        "us-central1-a", description="Zone of the training slice; its region holds the bucket."
     )
     node_name: str | None = _field(None, description="TPU node name; null = `<namePrefix>-train`.")
     mesh: MeshSection = _field(default_factory=MeshSection, description="Device mesh.")
@@ -200,22 +244,19 @@ class BenchSection(_Section, settings.BenchSettings):
     enabled: bool = _field(True, description="Run the benchmark sweep once serving is up.")
 
 
-class ServingSection(_Section, settings.ServeSettings):
+class ServingSection(SliceSection, settings.ServeSettings):
     """The optional serving TPU VM (vLLM on v6e)."""
 
     enabled: bool = _field(False, description="Create the serving VM and serve the merged model.")
     accelerator: str = _field("v6e-8", description="TPU type of the serving slice.")
-    zone: str = _field("asia-northeast1-b", description="Zone of the serving slice.")
-    zone_fallbacks: tuple[str, ...] = _field(
-        (),
-        description="Zones to move to, in order, when `zone` has no capacity (preflight "
-        "suggests the first that offers the accelerator).",
-    )
-    runtime_version: str | None = _field(
-        None, description="TPU software version; null = the catalog's for the generation."
+    zone: str = _field(
+        "asia-northeast1-b",
+        description="Zone of the serving slice; its region holds the serving bucket.",
     )
     provisioning: ProvisioningModel = _field(
-        "preemptible", description="spot, preemptible or on-demand capacity."
+        "preemptible",
+        description="spot, preemptible or on-demand capacity, or queued (a queued resource that "
+        "waits for capacity; see queue).",
     )
     node_name: str | None = _field(None, description="TPU node name; null = `<namePrefix>-serve`.")
     stop_after_hours: float | None = _field(

@@ -66,12 +66,18 @@ def tpu_state(info: VmInfo, client_factory: Callable[[], Any] | None = None) -> 
         return "unknown (no project/zone in the stack outputs)"
     name = tpu_api.node_path(info.project, info.zone, info.vm)
     try:
-        node = tpu_api.new_client(client_factory).get_node(name=name)
+        client = tpu_api.new_client(client_factory)
+        node = client.get_node(name=name)
     except Exception as exc:
         return f"unknown ({errors.exception_line(exc)})"
-    state = tpu_api.state_name(node)
+    parts = [tpu_api.state_name(node)]
     health = getattr(getattr(node, "health", None), "name", None)
-    return f"{state}" + (f", health {health}" if health and health != "HEALTH_UNSPECIFIED" else "")
+    if health and health != "HEALTH_UNSPECIFIED":
+        parts.append(f"health {health}")
+    queued = tpu_api.queued_state(client, node)
+    if queued:
+        parts.append(queued)
+    return ", ".join(parts)
 
 
 def unit_states(conn: fabric.Connection, info: VmInfo) -> list[dict[str, str]]:

@@ -76,6 +76,7 @@ def slices(cfg: config_mod.StackConfig) -> list[SliceSpec]:
             train.name,
             cfg.training.runtime_version or train.runtime_version,
             cfg.training_node_name,
+            cfg.training.zone_fallbacks,
         )
     ]
     if cfg.serving.enabled:
@@ -335,6 +336,8 @@ def main(argv: list[str] | None = None, client_factory: Callable[[], TpuApi] = _
             print(f"note: `pulumi up` refuses this stack as it is: {problem}")
         return _compile_check(stack, cfg, args.depths)
     print(f"preflight: stack {stack} (project {cfg.project}), read-only")
+    for warning in validation.cross_region_fallbacks(cfg):
+        print(f"WARN  {warning}")
     ok, report = verdict(
         run_preflight(cfg, client_factory, has_hf_token=stack_config.stack_file_has_hf_token(path))
     )

@@ -19,7 +19,14 @@ from typing import Any
 
 import pulumi
 
-from infra import compile_check, release_record, runconfig_render, stack_config, startup
+from infra import (
+    compile_check,
+    release_record,
+    runconfig_render,
+    stack_config,
+    startup,
+    validation,
+)
 from infra import config as config_mod
 from infra.components import apis as apis_mod
 from infra.components import bucket as bucket_mod
@@ -260,7 +267,7 @@ def build(
             role,
             tpu_mod.TpuVmArgs(
                 project=cfg.project,
-                zone=section.zone,
+                zones=section.zones,
                 node_name=node_name,
                 accelerator_type=acc.name,
                 runtime_version=section.runtime_version or acc.runtime_version,
@@ -273,6 +280,8 @@ def build(
                 startup_script=script,
                 ssh_keys=ssh_keys,
                 description=f"gemma4-tpu {what} slice ({stack})",
+                queue_spot=section.queue.capacity == "spot",
+                queue_valid_for_hours=section.queue.valid_for_hours,
             ),
             opts=vm_opts,
         )
@@ -317,6 +326,8 @@ def build(
         run_config,
         train_hosts=train_vm.external_ips if train_vm is not None else None,
         serve_hosts=serve_vm.external_ips if serve_vm is not None else None,
+        train_zone=train_vm.zone if train_vm is not None else None,
+        serve_zone=serve_vm.zone if serve_vm is not None else None,
     )
 
     resources = StackResources(
@@ -346,7 +357,8 @@ def stack_outputs(res: StackResources) -> dict[str, Any]:
     train = res.run_config.train
     outputs: dict[str, Any] = {
         "trainNode": cfg.training_node_name,
-        "trainZone": cfg.training.zone,
+        # Where the node was placed (the first of training.zone + zoneFallbacks with capacity).
+        "trainZone": res.train_vm.zone if res.train_vm is not None else cfg.training.zone,
         "serviceAccount": res.service_account.email,
         "bucketUrls": {"training": res.training_bucket.url, "serving": res.serving_bucket.url},
         "runDir": train.output_dir,
@@ -371,7 +383,7 @@ def stack_outputs(res: StackResources) -> dict[str, Any]:
         ips = res.serve_vm.external_ips
         outputs |= {
             "serveNode": cfg.serving_node_name,
-            "serveZone": cfg.serving.zone,
+            "serveZone": res.serve_vm.zone,
             "serveWorkerIps": ips,
             "serveSshCommands": ips.apply(functools.partial(ssh_commands, user, key)),
             "servingEndpoint": ips.apply(functools.partial(endpoint_url, port)),
@@ -406,6 +418,8 @@ def run() -> StackResources:
             f"`pulumi config set {config_mod.PROJECT}:project <id>` "
             "(`python -m infra.preflight` checks it)"
         )
+    for warning in validation.cross_region_fallbacks(cfg):
+        pulumi.log.warn(warning)
     report_compile_check(cfg, pulumi.get_stack())
     released = read_release(cfg)
     resources = build(cfg, token, ssh_keys=ssh_keys, stack=pulumi.get_stack(), released=released)

@@ -3,8 +3,9 @@
 A preempted TPU node stays in state PREEMPTED: it cannot be restarted, only deleted, and a plain
 `pulumi up` does not notice (the node's state is an output, not an input). This module reads the
 node's state from the Cloud TPU API and, when the node is PREEMPTED, TERMINATED or gone, runs
-`pulumi up --replace <URN of its gcp:tpu/v2Vm:V2Vm>`: Pulumi deletes the node and creates it again
-(the V2Vm is delete-before-replace), the deployment resource sees the new worker addresses and
+`pulumi up --replace <URN of its TpuNode>` (infra/components/tpu_node.py): Pulumi deletes the node
+(and its queued resource) and creates it again in the first of its zones with capacity (the
+resource is delete-before-replace), the deployment resource sees the new worker addresses and
 redeploys, and the training unit resumes from the latest checkpoint on GCS. `--watch` repeats the
 check until the run's train_summary.json exists.
 
@@ -32,7 +33,7 @@ from infra.stack_outputs import OpsError, load_outputs, vm_info
 from workloads import errors
 
 HELP = "recreate a preempted spot/preemptible TPU VM (pulumi up --replace); the job resumes"
-V2VM_TYPE = "gcp:tpu/v2Vm:V2Vm"
+TPU_NODE_TYPE = "pulumi-python:dynamic/gemma4:TpuNode"
 # Node states after which nothing brings the node back: it has to be deleted and created again.
 NEEDS_RECOVERY = frozenset({"PREEMPTED", "TERMINATED", "NOT_FOUND"})
 DEFAULT_INTERVAL_S = 120.0
@@ -102,7 +103,7 @@ def node_state(client: tpu_api.TpuApi, target: Target) -> str:
 
 
 def find_urn(export: dict[str, Any], target: Target) -> str:
-    """The URN of the V2Vm resource that manages `target`'s node, from `pulumi stack export`.
+    """The URN of the TpuNode resource that manages `target`'s node, from `pulumi stack export`.
 
     Raises:
         OpsError: no such resource in the state, or more than one.
@@ -112,21 +113,21 @@ def find_urn(export: dict[str, Any], target: Target) -> str:
         r
         for r in resources
         if isinstance(r, dict)
-        and r.get("type") == V2VM_TYPE
+        and r.get("type") == TPU_NODE_TYPE
         and not r.get("delete")  # an old copy pending deletion is not the live one
-        and (r.get("inputs") or {}).get("name") == target.node
+        and (r.get("inputs") or {}).get("node_id") == target.node
     ]
     if len(matches) > 1:
-        in_zone = [r for r in matches if (r.get("inputs") or {}).get("zone") == target.zone]
+        in_zone = [r for r in matches if (r.get("outputs") or {}).get("zone") == target.zone]
         matches = in_zone or matches
     if not matches:
         raise OpsError(
-            f"no {V2VM_TYPE} resource named {target.node} in the stack's state "
+            f"no {TPU_NODE_TYPE} resource for node {target.node} in the stack's state "
             "(`pulumi stack export`): this stack does not manage that node"
         )
     if len(matches) > 1:
         urns = ", ".join(str(r.get("urn")) for r in matches)
-        raise OpsError(f"several {V2VM_TYPE} resources named {target.node}: {urns}")
+        raise OpsError(f"several {TPU_NODE_TYPE} resources for node {target.node}: {urns}")
     return str(matches[0]["urn"])
 
 

@@ -75,6 +75,19 @@ def get_node(api: TpuApi, name: str) -> Any | None:
         raise
 
 
+def queued_state(api: Any, node: Any) -> str | None:
+    """`queued resource <id> <STATE>` for a node that came through a queued resource
+    (provisioning: queued), else None; an unreadable queue says why instead of its state."""
+    queued = str(getattr(node, "queued_resource", "") or "")
+    if not queued:
+        return None
+    try:
+        state = api.get_queued_resource(name=queued).state.state.name
+    except Exception as exc:
+        state = f"unknown ({exception_line(exc)})"
+    return f"queued resource {queued.rsplit('/', 1)[-1]} {state}"
+
+
 def state_name(node: Any) -> str:
     """READY, PREEMPTED, ... (the enum's name; STATE_UNSPECIFIED when the node says nothing)."""
     state = getattr(node, "state", None)

@@ -197,7 +197,11 @@ def _slice_problems(
 def rule_slices(cfg: StackConfig) -> list[str]:
     """Accelerator known; runtime matches the generation; zone (and fallbacks) offer the type."""
     problems = _slice_problems(
-        "training", cfg.training.accelerator, cfg.training.runtime_version, cfg.training.zone, ()
+        "training",
+        cfg.training.accelerator,
+        cfg.training.runtime_version,
+        cfg.training.zone,
+        cfg.training.zone_fallbacks,
     )
     if cfg.serving.enabled:
         problems += _slice_problems(
@@ -208,6 +212,27 @@ def rule_slices(cfg: StackConfig) -> list[str]:
             cfg.serving.zone_fallbacks,
         )
     return problems
+
+
+def cross_region_fallbacks(cfg: StackConfig) -> list[str]:
+    """Warnings, not errors: a fallback zone outside the bucket's region works, but a VM placed
+    there reads its data across regions (slower, and the transfer is billed)."""
+    warnings = []
+    sections: list[tuple[str, config_mod.SliceSection, str]] = [
+        ("training", cfg.training, cfg.training_bucket_location)
+    ]
+    if cfg.serving.enabled:
+        sections.append(("serving", cfg.serving, cfg.serving_bucket_location))
+    for name, section, bucket_region in sections:
+        for i, zone in enumerate(section.zone_fallbacks):
+            region = catalog.zone_region(zone)
+            if region != bucket_region:
+                warnings.append(
+                    f"{name}.zoneFallbacks[{i}]: {zone!r} is in {region}, the bucket in "
+                    f"{bucket_region}: a VM placed there reads its data across regions (slower, "
+                    "billed egress)"
+                )
+    return warnings
 
 
 def rule_bucket_regions(cfg: StackConfig) -> list[str]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -25,6 +26,7 @@ from workloads import errors, logs, runconfig, storage
 
 LOG = logs.get("release")
 MARKER_FILE = "released.json"
+ZONE_ENV = "GEMMA4_ZONE"
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +52,12 @@ def missing_outputs(cfg: runconfig.RunConfig) -> list[str]:
     return [path for path in wanted if not storage.exists(path)]
 
 
+def node_zone(release: runconfig.ReleaseSection) -> str:
+    """The zone this VM runs in: GEMMA4_ZONE (the startup script's, from the metadata server;
+    a fallback zone when the stack's first had no capacity), else the stack's first zone."""
+    return os.environ.get(ZONE_ENV) or release.zone
+
+
 def delete_argv(release: runconfig.ReleaseSection, gcloud: str = "gcloud") -> list[str]:
     """The request that deletes the node (asynchronously: it returns once accepted)."""
     return [
@@ -59,7 +67,7 @@ def delete_argv(release: runconfig.ReleaseSection, gcloud: str = "gcloud") -> li
         "tpu-vm",
         "delete",
         release.node,
-        f"--zone={release.zone}",
+        f"--zone={node_zone(release)}",
         f"--project={release.project}",
         "--quiet",
         "--async",
@@ -82,7 +90,7 @@ def main(args: argparse.Namespace) -> int:
     record = {
         "run_name": cfg.run_name,
         "project": release.project,
-        "zone": release.zone,
+        "zone": node_zone(release),
         "node": release.node,
         "released_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }

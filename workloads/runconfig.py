@@ -241,7 +241,10 @@ class ReleaseSection(_Section):
     """Giving the training TPU back once training (and the merge) succeeded."""
 
     project: str = pydantic.Field(description="Project of the training TPU node.")
-    zone: str = pydantic.Field(description="Zone of the training TPU node.")
+    zone: str = pydantic.Field(
+        description="The stack's first zone for the training node; the VM uses the zone it runs "
+        "in (GEMMA4_ZONE, from the metadata server) when it knows it."
+    )
     node: str = pydantic.Field(description="Name of the training TPU node (this VM).")
     marker: ConfigPath = pydantic.Field(
         description="Where the release is recorded (local or gs://): `pulumi up` reads it and "
@@ -253,7 +256,10 @@ class StopSection(_Section):
     """Stopping the serving TPU after a time limit (the stack's serving.stopAfterHours)."""
 
     project: str = pydantic.Field(description="Project of the serving TPU node.")
-    zone: str = pydantic.Field(description="Zone of the serving TPU node.")
+    zone: str = pydantic.Field(
+        description="The stack's first zone for the serving node; the VM uses the zone it runs "
+        "in (GEMMA4_ZONE, from the metadata server) when it knows it."
+    )
     node: str = pydantic.Field(description="Name of the serving TPU node (this VM).")
     after_hours: float = pydantic.Field(
         gt=0, description="Hours after each boot of the VM at which the node is stopped."

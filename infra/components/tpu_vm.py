@@ -1,13 +1,15 @@
-"""A Cloud TPU VM slice (`gcp.tpu.V2Vm`) with its startup script, service account and tags."""
+"""A Cloud TPU VM slice (infra/components/tpu_node.py's TpuNode) with its startup script,
+service account and tags, placed in the first zone of its list with capacity."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from typing import Any
 
 import pulumi
-import pulumi_gcp as gcp
+
+from infra import tpu_placement
+from infra.components import tpu_node
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 
@@ -18,8 +20,8 @@ class TpuVmArgs:
 
     project: str
     """Project id."""
-    zone: str
-    """Zone of the slice."""
+    zones: tuple[str, ...]
+    """Zones to place the slice in, tried in order."""
     node_name: str
     """TPU node name (also what preflight looks up)."""
     accelerator_type: str
@@ -27,7 +29,7 @@ class TpuVmArgs:
     runtime_version: str
     """TPU software version (from the catalog unless overridden)."""
     provisioning: str
-    """spot, preemptible or on-demand."""
+    """spot, preemptible, on-demand or queued."""
     service_account_email: pulumi.Input[str]
     """E-mail of the VM service account (cloud-platform scope; IAM decides)."""
     network: str
@@ -44,46 +46,35 @@ class TpuVmArgs:
     """`user:ssh-ed25519 ...` lines for the ssh-keys metadata, or None."""
     description: str
     """What the node is for."""
+    queue_spot: bool = True
+    """provisioning queued: wait for spot (True) or on-demand capacity."""
+    queue_valid_for_hours: float = 24.0
+    """provisioning queued: how long the request waits in one zone."""
 
 
-def scheduling_for(provisioning: str) -> gcp.tpu.V2VmSchedulingConfigArgs | None:
-    """spot -> spot, preemptible -> preemptible, on-demand -> no scheduling config."""
+def scheduling_for(provisioning: str) -> dict[str, bool] | None:
+    """The node's scheduling config: spot, preemptible, or none (on-demand; and queued, whose
+    queued resource says spot or on-demand itself)."""
     if provisioning == "spot":
-        return gcp.tpu.V2VmSchedulingConfigArgs(spot=True)
+        return {"spot": True}
     if provisioning == "preemptible":
-        return gcp.tpu.V2VmSchedulingConfigArgs(preemptible=True)
-    if provisioning == "on-demand":
+        return {"preemptible": True}
+    if provisioning in ("on-demand", "queued"):
         return None
-    raise ValueError(f"provisioning {provisioning!r}: spot, preemptible or on-demand")
+    raise ValueError(f"provisioning {provisioning!r}: spot, preemptible, on-demand or queued")
 
 
-def external_ips(endpoints: Sequence[Any] | None) -> list[str]:
-    """External IPs of the workers, in worker order, from the node's network endpoints."""
-    ips = []
-    for endpoint in endpoints or []:
-        configs = _get(endpoint, "access_configs") or []
-        ips.append(str(_get(configs[0], "external_ip") or "") if configs else "")
-    return ips
-
-
-def internal_ips(endpoints: Sequence[Any] | None) -> list[str]:
-    return [str(_get(e, "ip_address") or "") for e in endpoints or []]
-
-
-def _get(obj: Any, key: str) -> Any:
-    """A field of a typed provider output (attribute) or of a plain dict (camelCase key)."""
-    if hasattr(type(obj), key):
-        return getattr(obj, key)
-    if isinstance(obj, dict):
-        camel = "".join(w.title() if i else w for i, w in enumerate(key.split("_")))
-        return obj.get(key, obj.get(camel))
-    return None
+def queue_for(args: TpuVmArgs) -> dict[str, Any] | None:
+    if args.provisioning != "queued":
+        return None
+    return {"spot": args.queue_spot, "valid_for_s": round(args.queue_valid_for_hours * 3600)}
 
 
 class TpuVm(pulumi.ComponentResource):
     """One TPU VM slice. Spot and preemptible slices cannot be stopped, only deleted."""
 
-    node: gcp.tpu.V2Vm
+    node: tpu_node.TpuNode
+    zone: pulumi.Output[str]
     external_ips: pulumi.Output[list[str]]
     internal_ips: pulumi.Output[list[str]]
 
@@ -92,38 +83,54 @@ class TpuVm(pulumi.ComponentResource):
         metadata = {"startup-script": args.startup_script, "enable-oslogin": "FALSE"}
         if args.ssh_keys:
             metadata["ssh-keys"] = args.ssh_keys
-        self.node = gcp.tpu.V2Vm(
+        network: dict[str, Any] = {
+            "network": args.network,
+            "enable_external_ips": True,
+            "can_ip_forward": False,
+        }
+        if args.subnetwork:
+            network["subnetwork"] = args.subnetwork
+        self.node = tpu_node.TpuNode(
             f"{name}-node",
-            project=args.project,
-            name=args.node_name,
-            zone=args.zone,
-            accelerator_type=args.accelerator_type,
-            runtime_version=args.runtime_version,
-            description=args.description,
-            scheduling_config=scheduling_for(args.provisioning),
-            service_account=gcp.tpu.V2VmServiceAccountArgs(
-                email=args.service_account_email, scopes=[CLOUD_PLATFORM_SCOPE]
-            ),
-            network_config=gcp.tpu.V2VmNetworkConfigArgs(
-                network=args.network,
-                subnetwork=args.subnetwork,
-                enable_external_ips=True,
-                can_ip_forward=False,
-            ),
-            tags=list(args.tags),
-            labels=args.labels,
-            metadata=metadata,
-            # The node name is fixed and unique per zone, so a replacement (`python -m infra.ops
-            # recover` runs `pulumi up --replace`, which never asks the provider) must delete the
-            # preempted node before creating its successor, or the create fails: already exists.
+            {
+                "project": args.project,
+                "node_id": args.node_name,
+                "zones": list(args.zones),
+                "queue": queue_for(args),
+                "accelerator_type": args.accelerator_type,
+                "runtime_version": args.runtime_version,
+                "description": args.description,
+                "scheduling_config": scheduling_for(args.provisioning),
+                "service_account": {
+                    "email": args.service_account_email,
+                    "scope": [CLOUD_PLATFORM_SCOPE],
+                },
+                "network_config": network,
+                "tags": list(args.tags),
+                "labels": args.labels,
+                "metadata": metadata,
+            },
+            # Recovery (`python -m infra.ops recover` runs `pulumi up --replace`, which never
+            # asks the provider's diff) must delete the preempted node before creating its
+            # successor under the same name; the diff says the same for every replacement.
             opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
         )
-        self.external_ips = self.node.network_endpoints.apply(external_ips)
-        self.internal_ips = self.node.network_endpoints.apply(internal_ips)
+        self.zone = self.node.zone
+        self.external_ips = self.node.network_endpoints.apply(_external_ips)
+        self.internal_ips = self.node.network_endpoints.apply(_internal_ips)
         self.register_outputs(
             {
-                "name": self.node.name,
+                "name": args.node_name,
+                "zone": self.zone,
                 "external_ips": self.external_ips,
                 "internal_ips": self.internal_ips,
             }
         )
+
+
+def _external_ips(endpoints: list[dict[str, Any]] | None) -> list[str]:
+    return tpu_placement.external_ips({"network_endpoints": endpoints or []})
+
+
+def _internal_ips(endpoints: list[dict[str, Any]] | None) -> list[str]:
+    return tpu_placement.internal_ips({"network_endpoints": endpoints or []})

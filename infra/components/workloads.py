@@ -328,7 +328,7 @@ class WorkloadsDeploymentArgs:
     run_config: runconfig.RunConfig
     ssh: ssh.SshSettings
     project: str | None = None
-    zone: str | None = None
+    zone: pulumi.Input[str] | None = None
     remote_root: str = "/"
     use_sudo: bool | None = None
     ready_timeout_s: float = 3600.0
@@ -392,19 +392,19 @@ class WorkloadsDeployment(pulumi.ComponentResource):
             units=sorted(plan.units),
             start=list(plan.start),
             project=args.project,
-            zone=args.zone,
+            zone=None,  # where the VM was placed: known once it exists (below)
             run_dir=args.run_config.train.output_dir,
             serve_port=args.run_config.serve.port if args.run_config.serve else None,
         )
-        self.ops_info = pulumi.Output.from_input(args.hosts).apply(
-            lambda hosts: _ops_info(record, hosts)
+        self.ops_info = pulumi.Output.all(args.hosts, args.zone).apply(
+            lambda hosts_zone: _ops_info(record, *hosts_zone)
         )
         self.register_outputs({"fingerprint": self.fingerprint, "ops_info": self.ops_info})
 
 
-def _ops_info(record: VmInfo, hosts: Sequence[str]) -> dict[str, Any]:
-    """Pure: the deployment's record with the resolved worker addresses, as exported."""
-    return dataclasses.replace(record, hosts=list(hosts)).to_output()
+def _ops_info(record: VmInfo, hosts: Sequence[str], zone: str | None) -> dict[str, Any]:
+    """Pure: the deployment's record with the resolved worker addresses and zone, as exported."""
+    return dataclasses.replace(record, hosts=list(hosts), zone=zone).to_output()
 
 
 def declare(
@@ -416,7 +416,7 @@ def declare(
     run_config: runconfig.RunConfig,
     ssh_settings: ssh.SshSettings,
     project: str | None = None,
-    zone: str | None = None,
+    zone: pulumi.Input[str] | None = None,
     opts: pulumi.ResourceOptions | None = None,
     **overrides: Any,
 ) -> WorkloadsDeployment:
@@ -430,7 +430,7 @@ def declare(
         run_config: infra.runconfig_render.render_run_config(cfg).
         ssh_settings: e.g. ssh.SshSettings(user=cfg.ssh.user, key_path=cfg.ssh.private_key_file).
         project: Google Cloud project id.
-        zone: the VM's zone.
+        zone: the VM's zone (an Output of the TPU VM: where it was placed).
         opts: resource options (depends_on the VM, the bucket, the secret IAM binding).
         **overrides: other WorkloadsDeploymentArgs fields (remote_root, wheel, ...).
 
@@ -456,6 +456,8 @@ def declare_for_stack(
     *,
     train_hosts: pulumi.Input[Sequence[str]] | None,
     serve_hosts: pulumi.Input[Sequence[str]] | None = None,
+    train_zone: pulumi.Input[str] | None = None,
+    serve_zone: pulumi.Input[str] | None = None,
     known_hosts: str = ssh.DEFAULT_KNOWN_HOSTS,
     opts: pulumi.ResourceOptions | None = None,
 ) -> dict[str, WorkloadsDeployment]:
@@ -468,6 +470,7 @@ def declare_for_stack(
         train_hosts: the training VM's worker addresses (TpuVm.external_ips), or None when the
             run released its node.
         serve_hosts: the serving VM's, or None when serving is off.
+        train_zone, serve_zone: where each VM was placed (TpuVm.zone); None = its configured zone.
         known_hosts: the project-local known_hosts file (relative to the project directory).
         opts: extra resource options for both (e.g. depends_on the bucket grants).
 
@@ -478,9 +481,9 @@ def declare_for_stack(
         user=cfg.ssh.user, key_path=cfg.ssh.private_key_file, known_hosts=known_hosts
     )
     result: dict[str, WorkloadsDeployment] = {}
-    vms: tuple[tuple[Role, pulumi.Input[Sequence[str]] | None, str, str], ...] = (
-        ("train", train_hosts, cfg.training_node_name, cfg.training.zone),
-        ("serve", serve_hosts, cfg.serving_node_name, cfg.serving.zone),
+    vms: tuple[tuple[Role, pulumi.Input[Sequence[str]] | None, str, pulumi.Input[str]], ...] = (
+        ("train", train_hosts, cfg.training_node_name, train_zone or cfg.training.zone),
+        ("serve", serve_hosts, cfg.serving_node_name, serve_zone or cfg.serving.zone),
     )
     for role, hosts, node, zone in vms:
         if hosts is None:

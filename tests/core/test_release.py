@@ -65,7 +65,8 @@ def test_an_unfinished_run_is_not_released(run, capsys):
     assert not (run / "run" / "released.json").exists() and _calls(run) == []
 
 
-def test_a_finished_run_is_recorded_then_its_node_deleted(run, capsys):
+def test_a_finished_run_is_recorded_then_its_node_deleted(run, capsys, monkeypatch):
+    monkeypatch.delenv("GEMMA4_ZONE", raising=False)
     _finish(run)
     assert cli.main(["release", "--config", str(run / "run.yaml")]) == 0
     record = json.loads((run / "run" / "released.json").read_text())
@@ -80,6 +81,17 @@ def test_a_finished_run_is_recorded_then_its_node_deleted(run, capsys):
         "--project=my-project --quiet --async"
     ]
     assert "release: deletion of gemma4-prod-train requested" in capsys.readouterr().err
+
+
+def test_a_node_placed_in_a_fallback_zone_is_deleted_there(run, monkeypatch):
+    # The startup script wrote the zone the VM booted in (the stack's first had no capacity).
+    monkeypatch.setenv("GEMMA4_ZONE", "us-east5-a")
+    _finish(run)
+    assert cli.main(["release", "--config", str(run / "run.yaml")]) == 0
+    assert json.loads((run / "run" / "released.json").read_text())["zone"] == "us-east5-a"
+    assert _calls(run)[0].startswith(
+        "compute tpus tpu-vm delete gemma4-prod-train --zone=us-east5-a "
+    )
 
 
 def test_a_failed_request_keeps_the_record_and_exits_for_a_retry(run, capsys):

@@ -150,6 +150,8 @@ def test_the_exported_record_reads_back_as_the_same_record():
         serve_port=8000,
     )
     assert VmInfo.from_output("serve", record.to_output()) == record
-    assert component._ops_info(dataclasses.replace(record, hosts=[]), ("10.0.0.9",))["hosts"] == [
-        "10.0.0.9"
-    ]
+    # The addresses and the zone are those the VM got (a fallback zone when the first was full).
+    placed = component._ops_info(
+        dataclasses.replace(record, hosts=[], zone=None), ("10.0.0.9",), "us-east5-b"
+    )
+    assert (placed["hosts"], placed["zone"]) == (["10.0.0.9"], "us-east5-b")

@@ -16,7 +16,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from infra import ops
+from infra import ops, ssh
+from infra.deployment_record import VmInfo
 from tests.fixtures.sshd import Worker
 
 
@@ -95,6 +96,35 @@ def test_status_shows_tpu_state_units_and_last_step(
     )
     assert f"[gemma4-train w0 {worker.host}] gemma4-merge.service: inactive (dead)" in out
     assert f"last step 42: loss 0.9877 ({run}/metrics.jsonl)" in out
+
+
+def test_the_tpu_state_of_a_queued_node_names_its_queued_resource() -> None:
+    class QueuedTpu:
+        def get_node(self, *, name: str) -> Any:
+            return types.SimpleNamespace(
+                state=types.SimpleNamespace(name="READY"),
+                queued_resource="projects/p/locations/us-east5-a/queuedResources/gemma4-train",
+            )
+
+        def get_queued_resource(self, *, name: str) -> Any:
+            assert name.endswith("/queuedResources/gemma4-train")
+            return types.SimpleNamespace(
+                state=types.SimpleNamespace(state=types.SimpleNamespace(name="ACTIVE"))
+            )
+
+    info = VmInfo(
+        role="train",
+        vm="gemma4-train",
+        hosts=[],
+        settings=ssh.SshSettings(user="gemma4"),
+        use_sudo=True,
+        remote_root="/",
+        units=[],
+        start=[],
+        project="p",
+        zone="us-east5-a",
+    )
+    assert ops.tpu_state(info, QueuedTpu) == "READY, queued resource gemma4-train ACTIVE"
 
 
 @pytest.mark.sshd

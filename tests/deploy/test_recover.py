@@ -15,8 +15,9 @@ from google.api_core import exceptions as gexc
 
 from infra import ops, recover
 
-URN = "urn:pulumi:dev::gemma4-tpu::gemma4-tpu:infra:TpuVm$gcp:tpu/v2Vm:V2Vm::train-node"
-SERVE_URN = "urn:pulumi:dev::gemma4-tpu::gemma4-tpu:infra:TpuVm$gcp:tpu/v2Vm:V2Vm::serve-node"
+PARENT = f"urn:pulumi:dev::gemma4-tpu::gemma4-tpu:infra:TpuVm${recover.TPU_NODE_TYPE}"
+URN = f"{PARENT}::train-node"
+SERVE_URN = f"{PARENT}::serve-node"
 TRAIN_NODE = "projects/my-project/locations/us-central1-a/nodes/gemma4-train"
 
 FAKE_PULUMI = """\
@@ -37,7 +38,7 @@ elif args[:2] == ["stack", "export"]:
 elif args == ["stack", "ls", "--json"]:
     print(json.dumps([dict(name="dev", current=True), dict(name="prod", current=False)]))
 elif args[:1] == ["up"]:
-    print("Updating (dev): replacing the V2Vm")
+    print("Updating (dev): replacing the TpuNode")
     rc = here / "up_rc"
     sys.exit(int(rc.read_text()) if rc.exists() else 0)
 else:
@@ -77,13 +78,14 @@ def _deployment(role: str, node: str, zone: str, run_dir: str) -> dict[str, Any]
     }
 
 
-def _v2vm(urn: str, node: str, zone: str, **extra: Any) -> dict[str, Any]:
+def _tpu_node(urn: str, node: str, zone: str, **extra: Any) -> dict[str, Any]:
+    """A TpuNode in `pulumi stack export`: the zone it was placed in is an output."""
     return {
         "urn": urn,
-        "type": recover.V2VM_TYPE,
+        "type": recover.TPU_NODE_TYPE,
         "id": f"projects/my-project/locations/{zone}/nodes/{node}",
-        "inputs": {"name": node, "zone": zone, "acceleratorType": "v5p-8"},
-        "outputs": {"name": node, "state": "READY"},
+        "inputs": {"node_id": node, "zones": ["us-central1-a", "us-east5-a"]},
+        "outputs": {"node_id": node, "zone": zone, "state": "READY"},
         **extra,
     }
 
@@ -114,9 +116,9 @@ def cli(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> types.Simple
                 {"urn": "urn:pulumi:dev::gemma4-tpu::gemma4-tpu:infra:TpuVm::train",
                  "type": "gemma4-tpu:infra:TpuVm"},
                 # A leftover of an interrupted replacement: must not be picked.
-                _v2vm(URN, "gemma4-train", "us-central1-a", delete=True),
-                _v2vm(URN, "gemma4-train", "us-central1-a"),
-                _v2vm(SERVE_URN, "gemma4-serve", "asia-northeast1-b"),
+                _tpu_node(URN, "gemma4-train", "us-central1-a", delete=True),
+                _tpu_node(URN, "gemma4-train", "us-central1-a"),
+                _tpu_node(SERVE_URN, "gemma4-serve", "asia-northeast1-b"),
             ],
         },
     }  # fmt: skip
@@ -285,7 +287,7 @@ def test_problems_are_one_line_errors(
     export = {"deployment": {"resources": cli.export["deployment"]["resources"][:2]}}
     (cli.bin / "export.json").write_text(json.dumps(export))
     assert error(["recover", "-y"]) == (
-        "no gcp:tpu/v2Vm:V2Vm resource named gemma4-train in the stack's state "
+        f"no {recover.TPU_NODE_TYPE} resource for node gemma4-train in the stack's state "
         "(`pulumi stack export`): this stack does not manage that node"
     )
     (cli.bin / "export.json").write_text(json.dumps(cli.export))
@@ -317,10 +319,14 @@ def test_problems_are_one_line_errors(
     )
 
 
-def test_find_urn_matches_the_node_name_and_zone() -> None:
-    target = recover.Target("train", "n1", "us-central1-a", "p", None)
-    other_zone = _v2vm("urn:pulumi:prod::x::gcp:tpu/v2Vm:V2Vm::b", "n1", "europe-west4-a")
-    same = _v2vm("urn:pulumi:prod::x::gcp:tpu/v2Vm:V2Vm::a", "n1", "us-central1-a")
+def test_find_urn_matches_the_node_name_and_the_zone_it_was_placed_in() -> None:
+    target = recover.Target("train", "n1", "us-east5-a", "p", None)
+    other_zone = _tpu_node(
+        "urn:pulumi:prod::x::pulumi-python:dynamic/gemma4:TpuNode::b", "n1", "europe-west4-a"
+    )
+    same = _tpu_node(
+        "urn:pulumi:prod::x::pulumi-python:dynamic/gemma4:TpuNode::a", "n1", "us-east5-a"
+    )
     export = {"deployment": {"resources": [other_zone, same]}}
     assert recover.find_urn(export, target) == same["urn"]
     assert recover.stack_of(same["urn"]) == "prod"

@@ -91,7 +91,7 @@ def test_release_runs_after_the_last_unit_of_the_run_on_worker_zero(merge) -> No
     assert serve_cfg.release is None
 
 
-def test_the_serving_time_limit_is_a_timer_that_stops_the_node() -> None:
+def test_the_serving_time_limit_is_a_timer_that_stops_the_node(tmp_path: pathlib.Path) -> None:
     cfg = make_run_config(serve=True, stop_after_hours=12)
     plan = component.plan_units("serve", cfg, PROD)
     assert plan.enable[-1] == plan.start[-1] == "gemma4-serve-stop.timer"
@@ -100,10 +100,22 @@ def test_the_serving_time_limit_is_a_timer_that_stops_the_node() -> None:
     assert timer["Timer"]["Unit"] == "gemma4-serve-stop.service"
     assert timer["Install"]["WantedBy"] == "timers.target"
     stop = _parse(plan.units["gemma4-serve-stop.service"])["Service"]
-    assert stop["ExecStart"] == (
-        "/usr/bin/env gcloud compute tpus tpu-vm stop demo-serve --zone=asia-northeast1-b "
-        "--project=p --quiet --async"
+    # The command, run as systemd runs it ($$ is a literal $), with a gcloud that prints its
+    # arguments: the zone is the one the VM booted in, else the stack's first.
+    gcloud = tmp_path / "gcloud"
+    gcloud.write_text('#!/bin/sh\necho "$@"\n')
+    gcloud.chmod(0o755)
+    argv = ["/bin/sh", "-c", stop["ExecStart"].split("-c ", 1)[1].strip("'").replace("$$", "$")]
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    booted = subprocess.run(
+        argv, env={**env, "GEMMA4_ZONE": "us-east5-b"}, capture_output=True, text=True, check=True
+    ).stdout
+    assert (
+        booted
+        == "compute tpus tpu-vm stop demo-serve --zone=us-east5-b --project=p --quiet --async\n"
     )
+    unknown = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+    assert "--zone=asia-northeast1-b " in unknown
     # The training VM's copy of the run config has no stop section; without one, no timer.
     assert component.run_config_for("train", cfg).stop is None
     plain = component.plan_units("serve", make_run_config(serve=True), PROD)

@@ -21,7 +21,7 @@ from workloads import catalog
 
 TOKEN = "hf_TEST_SECRET_3f9a1c7e5b2d4068a1b2c3d4e5f60718"
 
-TPU = "gcp:tpu/v2Vm:V2Vm"
+TPU = pulumi_mocks.TPU_NODE
 BUCKET = "gcp:storage/bucket:Bucket"
 BUCKET_IAM = "gcp:storage/bucketIAMMember:BucketIAMMember"
 ACCOUNT = "gcp:serviceaccount/account:Account"
@@ -120,18 +120,19 @@ def test_tpu_vms(run):
     for name, (acc, runtime, zone, scheduling, node_name) in expected.items():
         vm = rec.one(TPU, name)
         i = vm.inputs
-        assert (i["acceleratorType"], i["runtimeVersion"], i["zone"], i["name"]) == (
+        assert (i["accelerator_type"], i["runtime_version"], i["zones"][0], i["node_id"]) == (
             acc,
             runtime,
             zone,
             node_name,
         )
-        assert i["schedulingConfig"] == scheduling
-        assert i["serviceAccount"] == {
+        assert i["project"] == cfg.project and i.get("queue") is None
+        assert i["scheduling_config"] == scheduling
+        assert i["service_account"] == {
             "email": email,
-            "scopes": ["https://www.googleapis.com/auth/cloud-platform"],
+            "scope": ["https://www.googleapis.com/auth/cloud-platform"],
         }
-        assert i["networkConfig"]["enableExternalIps"] is True
+        assert i["network_config"]["enable_external_ips"] is True
         assert i["metadata"]["startup-script"].startswith("#!/bin/bash\n")
         assert i["metadata"]["ssh-keys"] == f"gemma4:{pulumi_mocks.FAKE_PUBLIC_KEY}"
         assert cfg.ssh_tag in i["tags"]
@@ -142,6 +143,8 @@ def test_tpu_vms(run):
     if stack == "prod":
         serve = rec.one(TPU, "serve-node")
         assert serve.inputs["metadata"]["startup-script"] == startup.render_serve(cfg)
+        # The serving slice is placed in the first of its zone and fallbacks with capacity.
+        assert serve.inputs["zones"] == [cfg.serving.zone, *cfg.serving.zone_fallbacks]
         assert cfg.api_tag in serve.inputs["tags"]
     CHECKED["tpu"] += 1
 
@@ -301,7 +304,7 @@ def test_checks_see_wrong_expectations():
     rec = pulumi_mocks.run_program("dev", pulumi_mocks.stack_file_config("dev"), hf_token=TOKEN)
     vm = rec.one(TPU)
     with pytest.raises(AssertionError):
-        assert vm.inputs["runtimeVersion"] == "tpu-ubuntu2204-base"
+        assert vm.inputs["runtime_version"] == "tpu-ubuntu2204-base"
 
 
 def test_invalid_config_fails_before_any_resource():
@@ -497,3 +500,27 @@ def test_a_serving_time_limit_grants_only_self_stop(monkeypatch):
     # Without a limit (the checked-in prod stack) there is no role at all.
     plain = pulumi_mocks.run_program("prod", pulumi_mocks.stack_file_config("prod"), hf_token=TOKEN)
     assert plain.of_type(CUSTOM_ROLE) == []
+
+
+def test_a_queued_stack_with_fallback_zones_reports_where_the_node_was_placed():
+    mapping = pulumi_mocks.stack_file_config("dev")
+    mapping["training"] = {
+        **mapping["training"],
+        "provisioning": "queued",
+        "queue": {"capacity": "on-demand", "validForHours": 6},
+        "zoneFallbacks": ["us-east5-a", "europe-west4-b"],
+    }
+    cfg = stack_config.parse_stack_config(mapping)
+    rec = pulumi_mocks.run_program(
+        "dev", mapping, hf_token=TOKEN, placed_in={cfg.training_node_name: "us-east5-a"}
+    )
+    node = rec.one(TPU, "train-node").inputs
+    assert node["zones"] == ["us-central1-a", "us-east5-a", "europe-west4-b"]
+    assert node["queue"] == {"spot": False, "valid_for_s": 6 * 3600}
+    # The queued resource says on-demand or spot; the node itself carries no scheduling.
+    assert node.get("scheduling_config") is None
+    # The zone it got, not the first one asked for, is what the outputs and ops read.
+    assert rec.outputs["trainZone"] == "us-east5-a"
+    assert rec.outputs["deployments"]["train"]["zone"] == "us-east5-a"
+    # The bucket stays in the first zone's region.
+    assert rec.one(BUCKET).inputs["location"] == "US-CENTRAL1"

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from infra import config, sizing, stack_config
+from infra import config, sizing, stack_config, validation
 from tests.fixtures import pulumi_mocks
 from workloads import catalog
 
@@ -62,6 +62,27 @@ CASES = [
         {"serving": {"zoneFallbacks": ["us-central1-a"]}},
         True,
         "serving.zoneFallbacks[0]: 'us-central1-a': v6e-8 is offered in asia-northeast1-b",
+    ),
+    (
+        "training-fallback-zone-without-v5p",
+        DEV,
+        {"training": {"zoneFallbacks": ["us-east5-a", "asia-northeast1-b"]}},
+        True,
+        "training.zoneFallbacks[1]: 'asia-northeast1-b': v5p-8 is offered in us-central1-a",
+    ),
+    (
+        "queue-window-too-long",
+        DEV,
+        {"training": {"provisioning": "queued", "queue": {"validForHours": 1000}}},
+        True,
+        "training.queue.validForHours: 1000: Input should be less than or equal to 720",
+    ),
+    (
+        "queue-capacity-typo",
+        DEV,
+        {"training": {"queue": {"capacity": "preemptible"}}},
+        True,
+        "training.queue.capacity: 'preemptible': Input should be 'spot' or 'on-demand'",
     ),
     (
         "mesh-not-device-count",
@@ -298,7 +319,8 @@ CASES = [
         DEV,
         {"training": {"provisioning": "spott"}},
         True,
-        "training.provisioning: 'spott': Input should be 'spot', 'preemptible' or 'on-demand'",
+        "training.provisioning: 'spott': Input should be 'spot', 'preemptible', 'on-demand' or "
+        "'queued'",
     ),
     (
         "key-typo",
@@ -552,6 +574,21 @@ def test_valid_variants_pass():
         ),
         has_hf_token=True,
     )
+    # Queued capacity with fallbacks in the training region and beyond it.
+    cfg = stack_config.parse_stack_config(
+        _merge(
+            DEV,
+            {
+                "training": {
+                    "provisioning": "queued",
+                    "queue": {"capacity": "on-demand", "validForHours": 6},
+                    "zoneFallbacks": ["us-east5-a", "us-central1-a"],
+                }
+            },
+        ),
+        has_hf_token=True,
+    )
+    assert cfg.training.zones == ("us-central1-a", "us-east5-a")  # each zone once, in order
     for image in (
         "registry.example.com:5000/ml/vllm-tpu:2026-11-01",
         "us-docker.pkg.dev/acme/ml/vllm-tpu@sha256:" + "0a" * 32,
@@ -559,6 +596,31 @@ def test_valid_variants_pass():
         stack_config.parse_stack_config(
             _merge(PROD, {"serving": {"image": image}}), has_hf_token=True
         )
+
+
+def test_a_fallback_zone_outside_the_buckets_region_is_a_warning_not_an_error():
+    cfg = stack_config.parse_stack_config(
+        _merge(
+            PROD,
+            {
+                "training": {"zoneFallbacks": ["us-east5-a"]},
+                "serving": {"zoneFallbacks": ["us-east5-b"]},
+            },
+        ),
+        has_hf_token=True,
+    )
+    assert validation.cross_region_fallbacks(cfg) == [
+        "training.zoneFallbacks[0]: 'us-east5-a' is in us-east5, the bucket in us-central1: a VM "
+        "placed there reads its data across regions (slower, billed egress)",
+        "serving.zoneFallbacks[0]: 'us-east5-b' is in us-east5, the bucket in asia-northeast1: a "
+        "VM placed there reads its data across regions (slower, billed egress)",
+    ]
+    # A fallback in the bucket's own region needs no warning.
+    same_region = stack_config.parse_stack_config(
+        _merge(PROD, {"serving": {"zone": "us-east5-a", "zoneFallbacks": ["us-east5-b"]}}),
+        has_hf_token=True,
+    )
+    assert validation.cross_region_fallbacks(same_region) == []
 
 
 @pytest.mark.parametrize(

@@ -167,6 +167,14 @@ worker_number() {
     2>/dev/null || echo 0
 }
 
+# The zone this VM runs in (projects/N/zones/<zone> -> <zone>): with zoneFallbacks it may not be
+# the stack's first zone, and the units that stop or delete this node must name the right one.
+instance_zone() {
+  curl -fsS -H 'Metadata-Flavor: Google' \
+    'http://metadata.google.internal/computeMetadata/v1/instance/zone' 2>/dev/null |
+    sed 's:.*/::' || true
+}
+
 readonly HOSTS=1
 readonly STAGE_DIR=/dev/shm/models/base
 readonly MODEL_URI=gs://your-gcp-project-gemma4-dev-us-central1/models/gemma-4-31b
@@ -235,7 +243,7 @@ main() {
   log "worker $worker of $HOSTS"
   ensure_python
   ensure_venv
-  write_env "GEMMA4_WORKER=$worker"
+  write_env "GEMMA4_WORKER=$worker" "GEMMA4_ZONE=$(instance_zone)"
   ensure_shm
   ensure_base_model "$worker"
   finish

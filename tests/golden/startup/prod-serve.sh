@@ -150,6 +150,14 @@ worker_number() {
     2>/dev/null || echo 0
 }
 
+# The zone this VM runs in (projects/N/zones/<zone> -> <zone>): with zoneFallbacks it may not be
+# the stack's first zone, and the units that stop or delete this node must name the right one.
+instance_zone() {
+  curl -fsS -H 'Metadata-Flavor: Google' \
+    'http://metadata.google.internal/computeMetadata/v1/instance/zone' 2>/dev/null |
+    sed 's:.*/::' || true
+}
+
 readonly VLLM_IMAGE=vllm/vllm-tpu:v0.21.0
 readonly MERGED_URI=gs://your-gcp-project-gemma4-prod-asia-northeast1/merged/codev-r1
 readonly MERGED_DIR=/dev/shm/models/merged
@@ -230,7 +238,7 @@ main() {
   apt_install iverilog git
   ensure_python
   ensure_venv
-  write_env "GEMMA4_WORKER=$(worker_number)"
+  write_env "GEMMA4_WORKER=$(worker_number)" "GEMMA4_ZONE=$(instance_zone)"
   ensure_docker
   ensure_verilog_eval
   ensure_shm

@@ -1,0 +1,207 @@
+"""The TPU node resource: a Pulumi dynamic provider on infra/tpu_placement.py.
+
+Why not `gcp.tpu.V2Vm`: it asks for one zone and fails `pulumi up` on a stockout, and the
+pinned pulumi-gcp's `V2QueuedResource` cannot carry a node's metadata (startup script, ssh
+keys), service account or spot setting, and has no way to read the workers' addresses back.
+This resource takes an ordered zone list and, optionally, a queue: create places the node in
+the first zone with capacity (waiting in line per zone when queued) and records the zone; a
+later `pulumi up` keeps it there as long as the zone is still listed; description, labels,
+metadata and tags change in place, anything else replaces the node (deleted first: the name is
+fixed). Progress lines go to the provider's stderr, which `pulumi up` shows.
+
+The provider runs in Pulumi's provider process with the user's Application Default
+Credentials (as pulumi-gcp does); Pulumi stores it with dill, by reference to this module.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import pulumi
+import pulumi.dynamic
+
+from infra import tpu_placement
+
+# Inputs that say where and how the node is placed (not part of the node's spec).
+CONTROL_KEYS = ("project", "node_id", "zones", "queue")
+# The node's spec, named as the Cloud TPU API names its fields.
+NODE_KEYS = (
+    "accelerator_type",
+    "runtime_version",
+    "description",
+    "scheduling_config",
+    "service_account",
+    "network_config",
+    "tags",
+    "labels",
+    "metadata",
+)
+# What create and read report (outputs of the resource).
+OUTPUT_KEYS = ("zone", "state", "network_endpoints", "queued_resource", "refusals")
+# A change here is a different node: replace it.
+REPLACE_KEYS = tuple(k for k in (*CONTROL_KEYS, *NODE_KEYS) if k not in tpu_placement.UPDATABLE)
+# The value a dynamic provider sees for an input that is not known yet (during preview).
+UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
+
+
+def new_api() -> tpu_placement.TpuApi:
+    """The Cloud TPU API the provider talks to (tests replace this function)."""
+    return tpu_placement.GoogleTpuApi()
+
+
+def node_spec(props: Mapping[str, Any]) -> dict[str, Any]:
+    """The node's spec from the resource inputs (unset fields left out)."""
+    return {k: props[k] for k in NODE_KEYS if props.get(k) is not None}
+
+
+def request_from(props: Mapping[str, Any]) -> tpu_placement.Request:
+    queue = props.get("queue")
+    return tpu_placement.Request(
+        project=str(props["project"]),
+        node_id=str(props["node_id"]),
+        zones=tuple(props["zones"]),
+        node=node_spec(props),
+        queue=(
+            tpu_placement.Queue(spot=bool(queue["spot"]), valid_for_s=int(queue["valid_for_s"]))
+            if queue
+            else None
+        ),
+    )
+
+
+def _say(node_id: str) -> tpu_placement.Say:
+    def say(line: str) -> None:
+        print(f"TPU node {node_id}: {line}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def _outputs(placement: tpu_placement.Placement) -> dict[str, Any]:
+    node = placement.node
+    return {
+        "zone": placement.zone,
+        "state": str(node.get("state") or "STATE_UNSPECIFIED"),
+        "network_endpoints": list(node.get("network_endpoints") or []),
+        "queued_resource": placement.queued_resource,
+        "refusals": list(placement.refusals),
+    }
+
+
+def _known(value: Any) -> bool:
+    if value == UNKNOWN:
+        return False
+    if isinstance(value, list | tuple):
+        return all(_known(v) for v in value)
+    if isinstance(value, dict):
+        return all(_known(v) for v in value.values())
+    return True
+
+
+def _norm(value: Any) -> Any:
+    """Compares values the way they come back from state (tuples as lists, ints as floats)."""
+    if isinstance(value, list | tuple):
+        return [_norm(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _norm(v) for k, v in value.items() if v is not None}
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int | float):
+        return float(value)
+    return value
+
+
+def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """(changed keys, keys that force a replacement). The zone list is a replacement only when
+    it no longer holds the zone the node was placed in: reordering or adding zones keeps it."""
+    changed, replaces = [], []
+    for key in (*CONTROL_KEYS, *NODE_KEYS):
+        new = news.get(key)
+        if key == "zones" and _known(new):
+            if olds.get("zone") not in (new or []):
+                changed.append(key)
+                replaces.append(key)
+            continue
+        if not _known(new) or _norm(olds.get(key)) != _norm(new):
+            changed.append(key)
+            if key in REPLACE_KEYS:
+                replaces.append(key)
+    return changed, replaces
+
+
+class TpuNodeProvider(pulumi.dynamic.ResourceProvider):
+    """create places (zone failover, queue), update changes labels/metadata in place, delete
+    removes the node and its queued resource, read refreshes state and addresses."""
+
+    # Nothing secret is captured (no attributes): the state need not encrypt the provider.
+    serialize_as_secret_always = False
+
+    def diff(
+        self, _id: str, olds: dict[str, Any], news: dict[str, Any]
+    ) -> pulumi.dynamic.DiffResult:
+        changed, replaces = plan_change(olds, news)
+        return pulumi.dynamic.DiffResult(
+            changes=bool(changed),
+            replaces=replaces,
+            stables=[k for k in ("project", "node_id") if k not in changed],
+            # The node name is fixed per zone: the old node must go before the new one comes.
+            delete_before_replace=True,
+        )
+
+    def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
+        request = request_from(props)
+        placement = tpu_placement.place(new_api(), request, say=_say(request.node_id))
+        outs = {k: v for k, v in props.items() if k != "__provider"}
+        outs |= _outputs(placement)
+        return pulumi.dynamic.CreateResult(id_=request.node_name(placement.zone), outs=outs)
+
+    def update(
+        self, id_: str, olds: dict[str, Any], news: dict[str, Any]
+    ) -> pulumi.dynamic.UpdateResult:
+        changed, _ = plan_change(olds, news)
+        fields = [k for k in changed if k in tpu_placement.UPDATABLE]
+        api = new_api()
+        tpu_placement.update(api, id_, node_spec(news), fields)
+        outs = {k: v for k, v in news.items() if k != "__provider"}
+        outs |= {k: olds.get(k) for k in OUTPUT_KEYS}
+        node = tpu_placement.read(api, id_)
+        if node is not None:
+            outs["state"] = str(node.get("state") or "STATE_UNSPECIFIED")
+            outs["network_endpoints"] = list(node.get("network_endpoints") or [])
+        return pulumi.dynamic.UpdateResult(outs=outs)
+
+    def delete(self, id_: str, props: dict[str, Any]) -> None:
+        tpu_placement.remove(new_api(), id_, props.get("queued_resource"))
+
+    def read(self, id_: str, props: dict[str, Any]) -> pulumi.dynamic.ReadResult:
+        node = tpu_placement.read(new_api(), id_)
+        if node is None:  # gone (deleted by hand, or released): an empty id tells Pulumi so
+            return pulumi.dynamic.ReadResult("", {})
+        outs = dict(props) | {
+            "state": str(node.get("state") or "STATE_UNSPECIFIED"),
+            "network_endpoints": list(node.get("network_endpoints") or []),
+        }
+        return pulumi.dynamic.ReadResult(id_, outs)
+
+
+class TpuNode(pulumi.dynamic.Resource, module="gemma4", name="TpuNode"):
+    """One TPU node placed in the first zone of `zones` with capacity.
+
+    Outputs:
+        zone: where it was placed. state: the node's state at the last create/update/refresh.
+        network_endpoints: the workers (API field names), worker 0 first.
+        queued_resource: the queued resource's name when queued, else None.
+        refusals: "zone: reason" of the zones that refused at creation.
+    """
+
+    zone: pulumi.Output[str]
+    state: pulumi.Output[str]
+    network_endpoints: pulumi.Output[list[dict[str, Any]]]
+    queued_resource: pulumi.Output[str | None]
+    refusals: pulumi.Output[list[str]]
+
+    def __init__(
+        self, name: str, props: Mapping[str, Any], opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__(TpuNodeProvider(), name, {**props, **dict.fromkeys(OUTPUT_KEYS)}, opts)

@@ -1,0 +1,387 @@
+"""Placing a TPU node: zone failover on stockout or quota, queued resources, adoption, cleanup.
+
+A fake Cloud TPU API refuses zones, keeps queued requests waiting, preempts and comes back;
+`GoogleTpuApi` is checked against a fake client with the real tpu_v2 message types.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+from google.api_core import exceptions
+from google.cloud import tpu_v2
+
+from infra import tpu_placement
+
+OWNER = {"app": "gemma4-tpu", "stack": "prod", "run": "r1"}
+NODE = {
+    "accelerator_type": "v5p-8",
+    "runtime_version": "v2-alpha-tpuv5",
+    "labels": OWNER,
+    "metadata": {"startup-script": "#!/bin/bash\n"},
+}
+ZONES = ("us-central1-a", "us-east5-a", "europe-west4-b")
+
+
+def _zone(path: str) -> str:
+    return path.split("/locations/")[1].split("/")[0]
+
+
+class FakeTpu:
+    """Cloud TPU as placement sees it. `refuse`: zone -> the exception its creates raise (a
+    refused create may leave a half-made node, as the real API can). `queues`: zone -> the
+    states a queued request goes through (the last one repeats)."""
+
+    def __init__(
+        self,
+        refuse: Mapping[str, Exception] | None = None,
+        queues: Mapping[str, Sequence[str]] | None = None,
+        leave_half_made: bool = False,
+    ):
+        self.refuse = dict(refuse or {})
+        self.queues = {z: list(s) for z, s in (queues or {}).items()}
+        self.leave_half_made = leave_half_made
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.queued: dict[str, dict[str, Any]] = {}
+        self.calls: list[tuple[str, str]] = []
+
+    def _node(self, name: str, spec: Mapping[str, Any], queued: str | None) -> None:
+        self.nodes[name] = {
+            **copy.deepcopy(dict(spec)),
+            "name": name,
+            "state": "READY",
+            "network_endpoints": [
+                {"ip_address": "10.0.0.2", "access_config": {"external_ip": "203.0.113.9"}}
+            ],
+            "queued_resource": queued or "",
+        }
+
+    def get_node(self, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.nodes.get(name))
+
+    def create_node(self, parent: str, node_id: str, node: Mapping[str, Any]) -> None:
+        self.calls.append(("create_node", parent))
+        zone = _zone(parent)
+        if zone in self.refuse:
+            if self.leave_half_made:
+                self._node(f"{parent}/nodes/{node_id}", node, None)
+                self.nodes[f"{parent}/nodes/{node_id}"]["state"] = "CREATING"
+            raise self.refuse[zone]
+        self._node(f"{parent}/nodes/{node_id}", node, None)
+
+    def delete_node(self, name: str) -> None:
+        self.calls.append(("delete_node", name))
+        self.nodes.pop(name, None)
+
+    def update_node(self, name: str, node: Mapping[str, Any], fields: Sequence[str]) -> None:
+        self.calls.append(("update_node", ",".join(fields)))
+        for field in fields:
+            self.nodes[name][field] = copy.deepcopy(node[field])
+
+    def create_queued_resource(self, parent: str, queued_id: str, body: Mapping[str, Any]) -> None:
+        self.calls.append(("create_queued_resource", parent))
+        zone = _zone(parent)
+        if zone in self.refuse:
+            raise self.refuse[zone]
+        self.queued[f"{parent}/queuedResources/{queued_id}"] = {
+            "body": copy.deepcopy(dict(body)),
+            "states": self.queues.get(zone, ["ACTIVE"]),
+        }
+
+    def queued_state(self, name: str) -> str | None:
+        queued = self.queued.get(name)
+        if queued is None:
+            return None
+        states = queued["states"]
+        state = states.pop(0) if len(states) > 1 else states[0]
+        if state == "ACTIVE":
+            spec = queued["body"]["tpu"]["node_spec"][0]
+            node_name = f"{spec['parent']}/nodes/{spec['node_id']}"
+            if node_name not in self.nodes:
+                self._node(node_name, spec["node"], name)
+        return state
+
+    def delete_queued_resource(self, name: str) -> None:
+        self.calls.append(("delete_queued_resource", name))
+        queued = self.queued.pop(name, None)
+        if queued is not None:  # force: the node goes with it
+            spec = queued["body"]["tpu"]["node_spec"][0]
+            self.nodes.pop(f"{spec['parent']}/nodes/{spec['node_id']}", None)
+
+
+def _request(zones: tuple[str, ...] = ZONES, **kwargs: Any) -> tpu_placement.Request:
+    return tpu_placement.Request(
+        project="p", node_id="gemma4-train", zones=zones, node=NODE, **kwargs
+    )
+
+
+STOCKOUT = exceptions.ResourceExhausted(
+    'There is no more capacity in the zone "us-central1-a"; you can try in another zone'
+)
+QUOTA = RuntimeError("Quota limit 'TPUV5PPerProjectPerZoneForTPUAPI' has been exceeded")
+
+
+class Clock:
+    """A fake monotonic clock that sleep advances."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def _place(api: FakeTpu, request: tpu_placement.Request, **kwargs: Any):
+    said: list[str] = []
+    clock = Clock()
+    placement = tpu_placement.place(
+        api, request, say=said.append, sleep=clock.sleep, clock=lambda: clock.now, **kwargs
+    )
+    return placement, said, clock
+
+
+def test_a_stockout_and_a_quota_refusal_move_the_node_to_the_next_zone():
+    api = FakeTpu(refuse={"us-central1-a": STOCKOUT, "us-east5-a": QUOTA}, leave_half_made=True)
+    placement, said, _ = _place(api, _request())
+    assert placement.zone == "europe-west4-b"
+    assert placement.node["labels"] == OWNER and not placement.adopted
+    assert tpu_placement.external_ips(placement.node) == ["203.0.113.9"]
+    assert [r.split(":")[0] for r in placement.refusals] == ["us-central1-a", "us-east5-a"]
+    assert "ResourceExhausted" in placement.refusals[0] and "Quota limit" in placement.refusals[1]
+    # The half-made nodes the refused creates left behind are deleted: one slice, one bill.
+    assert list(api.nodes) == ["projects/p/locations/europe-west4-b/nodes/gemma4-train"]
+    assert [c[0] for c in api.calls].count("create_node") == 3
+    assert said[-1] == "europe-west4-b: gemma4-train placed after 2 zone(s) refused"
+
+
+def test_every_zone_refusing_names_each_zone_and_what_to_do():
+    api = FakeTpu(refuse={z: STOCKOUT for z in ZONES})
+    with pytest.raises(tpu_placement.NoCapacity) as info:
+        _place(api, _request())
+    message = str(info.value)
+    assert message.startswith("TPU node gemma4-train: no zone had capacity (us-central1-a: ")
+    assert all(f"{z}: ResourceExhausted" in message for z in ZONES)
+    assert "add zones to zoneFallbacks, use provisioning: queued" in message
+    assert api.nodes == {}
+
+
+def test_an_error_that_is_not_about_capacity_stops_at_the_first_zone():
+    api = FakeTpu(refuse={"us-central1-a": exceptions.InvalidArgument("bad runtime version")})
+    with pytest.raises(exceptions.InvalidArgument):
+        _place(api, _request())
+    assert api.calls == [("create_node", "projects/p/locations/us-central1-a")]
+
+
+def test_the_stacks_node_is_kept_where_an_earlier_failover_put_it():
+    api = FakeTpu()
+    api._node("projects/p/locations/us-east5-a/nodes/gemma4-train", NODE, None)
+    placement, said, _ = _place(api, _request())
+    assert (placement.zone, placement.adopted) == ("us-east5-a", True)
+    assert not any(c[0].startswith("create") for c in api.calls)
+    assert said == ["us-east5-a: gemma4-train exists (READY); keeping it"]
+
+
+def test_a_preempted_node_is_deleted_and_created_again_in_the_first_zone():
+    api = FakeTpu()
+    name = "projects/p/locations/us-east5-a/nodes/gemma4-train"
+    api._node(name, NODE, None)
+    api.nodes[name]["state"] = "PREEMPTED"
+    placement, said, _ = _place(api, _request())
+    assert placement.zone == "us-central1-a" and not placement.adopted
+    assert ("delete_node", name) in api.calls
+    assert said[0] == "us-east5-a: gemma4-train is PREEMPTED; deleting it to create a new one"
+
+
+def test_a_node_of_that_name_that_is_not_the_stacks_is_left_alone():
+    api = FakeTpu()
+    api._node(
+        "projects/p/locations/us-central1-a/nodes/gemma4-train",
+        {**NODE, "labels": {"app": "someone-else"}},
+        None,
+    )
+    with pytest.raises(tpu_placement.PlacementError) as info:
+        _place(api, _request())
+    assert str(info.value) == (
+        "TPU node gemma4-train already exists in us-central1-a and is not this stack's "
+        "(labels app='someone-else', stack=None): set another nodeName or delete that node"
+    )
+    assert not any(c[0].startswith(("create", "delete")) for c in api.calls)
+
+
+def test_a_queued_request_waits_with_progress_lines_then_fails_over_when_the_queue_gives_up():
+    api = FakeTpu(
+        queues={
+            "us-central1-a": ["ACCEPTED", "WAITING_FOR_RESOURCES", "FAILED"],
+            "us-east5-a": ["ACCEPTED"]
+            + ["WAITING_FOR_RESOURCES"] * 30
+            + ["PROVISIONING", "ACTIVE"],
+        }
+    )
+    request = _request(queue=tpu_placement.Queue(spot=True, valid_for_s=6 * 3600))
+    placement, said, clock = _place(api, request, poll_s=60, report_every_s=600)
+    assert placement.zone == "us-east5-a"
+    assert (
+        placement.queued_resource == "projects/p/locations/us-east5-a/queuedResources/gemma4-train"
+    )
+    assert placement.refusals == (
+        "us-central1-a: QueueGaveUp: queued resource FAILED: no spot capacity in us-central1-a",
+    )
+    # The failed request is deleted before the next zone is asked.
+    assert (
+        "delete_queued_resource",
+        "projects/p/locations/us-central1-a/queuedResources/gemma4-train",
+    ) in api.calls
+    # A line per state change, and one every 10 minutes while the state stays the same.
+    east = [line for line in said if line.startswith("us-east5-a: queued resource")]
+    assert east[0] == (
+        "us-east5-a: queued resource gemma4-train ACCEPTED for 0m (waits up to 6h00m for spot "
+        "capacity)"
+    )
+    assert sum("WAITING_FOR_RESOURCES" in line for line in east) == 3  # at 1, 11 and 21 minutes
+    assert east[-1].startswith("us-east5-a: queued resource gemma4-train is ACTIVE after 3")
+    assert set(clock.sleeps) == {60}
+    # The request asked for spot capacity with the node's own spec and the validity window.
+    body = tpu_placement.queued_body(request, "us-east5-a")
+    assert body["spot"] == {} and "guaranteed" not in body
+    assert body["queueing_policy"] == {"valid_until_duration": {"seconds": 6 * 3600}}
+    assert body["tpu"]["node_spec"][0]["node"] == NODE
+
+
+def test_a_queue_that_never_moves_is_given_up_after_its_validity_window():
+    api = FakeTpu(queues={"us-central1-a": ["WAITING_FOR_RESOURCES"]})
+    request = _request(
+        zones=("us-central1-a", "us-east5-a"),
+        queue=tpu_placement.Queue(spot=False, valid_for_s=3600),
+    )
+    placement, _, clock = _place(api, request, poll_s=60)
+    assert placement.zone == "us-east5-a"
+    assert "no on-demand capacity in us-central1-a within 1h00m" in placement.refusals[0]
+    assert 3600 < clock.now < 3600 + 600 + 60
+    assert tpu_placement.queued_body(request, "us-east5-a")["guaranteed"] == {}
+
+
+def test_remove_deletes_the_queued_resource_with_its_node():
+    api = FakeTpu()
+    request = _request(queue=tpu_placement.Queue(spot=True, valid_for_s=3600))
+    placement, _, _ = _place(api, request)
+    tpu_placement.remove(api, request.node_name(placement.zone), placement.queued_resource)
+    assert api.nodes == {} and api.queued == {}
+    tpu_placement.remove(api, request.node_name(placement.zone), placement.queued_resource)
+
+
+def test_only_description_labels_metadata_and_tags_change_in_place():
+    api = FakeTpu()
+    placement, _, _ = _place(api, _request())
+    name = _request().node_name(placement.zone)
+    tpu_placement.update(api, name, {**NODE, "metadata": {"startup-script": "new"}}, ["metadata"])
+    assert api.nodes[name]["metadata"] == {"startup-script": "new"}
+    with pytest.raises(ValueError, match="cannot change in place"):
+        tpu_placement.update(api, name, NODE, ["accelerator_type"])
+
+
+def test_capacity_errors_are_told_from_others():
+    assert tpu_placement.is_capacity_error(STOCKOUT)
+    assert tpu_placement.is_capacity_error(QUOTA)
+    assert tpu_placement.is_capacity_error(exceptions.TooManyRequests("slow down"))
+    assert not tpu_placement.is_capacity_error(exceptions.PermissionDenied("tpu.nodes.create"))
+    assert not tpu_placement.is_capacity_error(exceptions.InvalidArgument("runtime version"))
+
+
+# ---------------------------------------------------------------------------------------------
+# The adapter onto google.cloud.tpu_v2, with the real message types and a fake client
+
+
+class _Op:
+    def __init__(self, error: Exception | None = None):
+        self.error = error
+
+    def result(self, timeout: float | None = None) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+class FakeClient:
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, Any]] = []
+        self.node: tpu_v2.Node | None = None
+
+    def create_node(self, *, parent: str, node_id: str, node: tpu_v2.Node) -> _Op:
+        self.requests.append(("create_node", node))
+        return _Op(STOCKOUT if parent.endswith("us-central1-a") else None)
+
+    def get_node(self, *, name: str) -> tpu_v2.Node:
+        if self.node is None:
+            raise exceptions.NotFound(name)
+        return self.node
+
+    def create_queued_resource(
+        self, *, parent: str, queued_resource_id: str, queued_resource: tpu_v2.QueuedResource
+    ) -> _Op:
+        self.requests.append(("create_queued_resource", queued_resource))
+        return _Op()
+
+    def get_queued_resource(self, *, name: str) -> tpu_v2.QueuedResource:
+        return tpu_v2.QueuedResource(state={"state": "WAITING_FOR_RESOURCES"})
+
+    def delete_queued_resource(self, *, request: tpu_v2.DeleteQueuedResourceRequest) -> _Op:
+        self.requests.append(("delete_queued_resource", request))
+        return _Op(exceptions.NotFound("gone"))
+
+    def update_node(self, *, request: tpu_v2.UpdateNodeRequest) -> _Op:
+        self.requests.append(("update_node", (request.node, list(request.update_mask.paths))))
+        return _Op()
+
+
+def test_the_google_adapter_sends_real_messages_and_reads_nodes_back_as_dicts():
+    client = FakeClient()
+    api = tpu_placement.GoogleTpuApi(client)
+    spec = {
+        **NODE,
+        "scheduling_config": {"spot": True},
+        "service_account": {"email": "sa@p.iam.gserviceaccount.com", "scope": ["x"]},
+        "network_config": {"network": "default", "enable_external_ips": True},
+        "tags": ["gemma4-ssh"],
+    }
+    with pytest.raises(exceptions.ResourceExhausted):
+        api.create_node("projects/p/locations/us-central1-a", "n", spec)
+    api.create_node("projects/p/locations/us-east5-a", "n", spec)
+    sent = client.requests[-1][1]
+    assert isinstance(sent, tpu_v2.Node)
+    assert sent.scheduling_config.spot and sent.metadata["startup-script"] == "#!/bin/bash\n"
+    assert list(sent.service_account.scope) == ["x"] and sent.network_config.enable_external_ips
+
+    assert api.get_node("projects/p/locations/us-east5-a/nodes/n") is None  # NotFound -> None
+    client.node = tpu_v2.Node(
+        {
+            **spec,
+            "state": "READY",
+            "network_endpoints": [
+                {"ip_address": "10.0.0.2", "access_config": {"external_ip": "203.0.113.9"}}
+            ],
+        }
+    )
+    node = api.get_node("projects/p/locations/us-east5-a/nodes/n")
+    assert node is not None and node["state"] == "READY" and node["labels"] == OWNER
+    assert tpu_placement.external_ips(node) == ["203.0.113.9"]
+    assert tpu_placement.internal_ips(node) == ["10.0.0.2"]
+
+    request = _request(queue=tpu_placement.Queue(spot=True, valid_for_s=7200))
+    api.create_queued_resource(
+        request.parent("us-east5-a"), "n", tpu_placement.queued_body(request, "us-east5-a")
+    )
+    queued = client.requests[-1][1]
+    assert isinstance(queued, tpu_v2.QueuedResource) and "spot" in queued
+    assert queued.queueing_policy.valid_until_duration.total_seconds() == 7200
+    assert queued.tpu.node_spec[0].node.accelerator_type == "v5p-8"
+    assert api.queued_state("q") == "WAITING_FOR_RESOURCES"
+    api.delete_queued_resource("q")  # already gone is fine
+    assert client.requests[-1][1].force is True
+
+    api.update_node("projects/p/locations/us-east5-a/nodes/n", spec, ["metadata"])
+    body, paths = client.requests[-1][1]
+    assert paths == ["metadata"] and body.name.endswith("/nodes/n") and not body.accelerator_type
