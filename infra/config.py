@@ -6,7 +6,9 @@ provisioning, enabled flags). Keys are camelCase, as Pulumi writes them (`pulumi
 --path training.maxSteps 30`); that is the only difference. Unknown keys are errors.
 
 This module is the model only: the rules are in infra/validation.py (which imports it), and
-reading a stack's config through both is infra/stack_config.py.
+reading a stack's config through both is infra/stack_config.py. Over 400 lines because every
+section of the stack file is here, each key with its description (docs/config.md is generated
+from them).
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ PROJECT = "gemma4-tpu"
 
 HF_TOKEN_KEY = "hfToken"  # noqa: S105 - the name of a config key, not a password
 """The secret config key of the Hugging Face token; never part of StackConfig."""
+RECOVERY_SSH_KEY = "recoverySshKey"
+"""Secret config key: the SSH private key of ssh.privateKeyFile, for the recovery controller."""
+RECOVERY_PASSPHRASE_KEY = "recoveryPassphrase"  # noqa: S105 - a key name
+"""Secret config key: the stack's secrets passphrase, for the recovery controller."""
+SECRET_KEYS = (HF_TOKEN_KEY, RECOVERY_SSH_KEY, RECOVERY_PASSPHRASE_KEY)
+"""The secret config keys: read by the program as Pulumi secrets, never part of StackConfig."""
 
 PLACEHOLDER_PROJECT = "your-gcp-project"
 """The project id the checked-in stack files carry; valid in form, refused by preflight."""
@@ -285,6 +293,29 @@ class ServingSection(SliceSection, settings.ServeSettings):
     bench: BenchSection = _field(default_factory=BenchSection, description="Benchmark sweep.")
 
 
+class RecoverySection(_Section):
+    """The recovery controller: an always-on e2-micro that recreates a preempted training TPU
+    with the project's own `infra.ops recover --watch`, so no laptop has to stay awake."""
+
+    enabled: bool = _field(
+        False,
+        description="Declare the controller (needs a gs:// state backend, the recoverySshKey "
+        "secret, and recoveryPassphrase when the stack's secrets use a passphrase).",
+    )
+    backend_url: str | None = _field(
+        None,
+        description="The stack's Pulumi state backend, gs://bucket[/path] (what `pulumi login` "
+        "was given); the controller reads and writes the state there.",
+    )
+    zone: str | None = _field(None, description="Zone of the controller; null = training.zone.")
+    machine_type: Literal["e2-micro", "e2-small", "e2-medium"] = _field(
+        "e2-micro", description="Machine type of the controller (it only waits and runs pulumi)."
+    )
+    interval_seconds: int = _field(
+        120, ge=30, le=3600, description="How often the controller checks the training TPU."
+    )
+
+
 class StackConfig(_Section):
     """Everything one stack declares; read from the `gemma4-tpu:*` keys of Pulumi.<stack>.yaml."""
 
@@ -309,6 +340,9 @@ class StackConfig(_Section):
     training: TrainingSection = _field(default_factory=TrainingSection, description="Training.")
     merge: MergeSection = _field(default_factory=MergeSection, description="LoRA merge.")
     serving: ServingSection = _field(default_factory=ServingSection, description="Serving VM.")
+    recovery: RecoverySection = _field(
+        default_factory=RecoverySection, description="Recovery controller."
+    )
 
     # Derived names and places (pure; validation checks that they are valid for GCP).
 
@@ -363,6 +397,10 @@ class StackConfig(_Section):
 
     def _default_bucket_name(self, location: str) -> str:
         return f"{self.project}-{self.name_prefix}-{location}"
+
+    @property
+    def recovery_zone(self) -> str:
+        return self.recovery.zone or self.training.zone
 
     @property
     def service_account_id(self) -> str:

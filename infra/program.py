@@ -31,6 +31,7 @@ from infra import config as config_mod
 from infra.components import apis as apis_mod
 from infra.components import bucket as bucket_mod
 from infra.components import firewall as firewall_mod
+from infra.components import recovery as recovery_mod
 from infra.components import secret as secret_mod
 from infra.components import service_account as sa_mod
 from infra.components import tpu_vm as tpu_mod
@@ -57,6 +58,7 @@ class StackResources:
     train_vm: tpu_mod.TpuVm | None  # None: the run finished and released it (release_record)
     serve_vm: tpu_mod.TpuVm | None
     deployments: dict[str, deploy_mod.WorkloadsDeployment] = dataclasses.field(default_factory=dict)
+    recovery: recovery_mod.RecoveryController | None = None
     outputs: dict[str, Any] = dataclasses.field(default_factory=dict)
     released: dict[str, Any] | None = None
 
@@ -147,6 +149,7 @@ def build(
     ssh_keys: str,
     stack: str,
     released: dict[str, Any] | None = None,
+    recovery_secrets: tuple[Any, Any] | None = None,
 ) -> StackResources:
     """Declares every component of a validated config.
 
@@ -157,6 +160,8 @@ def build(
         stack: the Pulumi stack name (a label).
         released: the run's release record (infra.release_record): the training node and its
             deployment are left out.
+        recovery_secrets: (SSH key, passphrase or None) for the recovery controller
+            (stack_config.load_recovery_secrets); required when recovery.enabled.
     """
     labels = base_labels(cfg, stack)
     run_config = runconfig_render.render_run_config(cfg)
@@ -223,6 +228,33 @@ def build(
             opts=after_apis,
         )
 
+    controller = None
+    if cfg.recovery.enabled:
+        if recovery_secrets is None:
+            raise ValueError("recovery.enabled: build() needs recovery_secrets")
+        ssh_key, passphrase = recovery_secrets
+        controller = recovery_mod.RecoveryController(
+            "recover",
+            recovery_mod.RecoveryArgs(
+                project=cfg.project,
+                stack=stack,
+                prefix=cfg.name_prefix,
+                zone=cfg.recovery_zone,
+                machine_type=cfg.recovery.machine_type,
+                network=cfg.network,
+                subnetwork=cfg.subnetwork,
+                backend_url=str(cfg.recovery.backend_url),
+                training_bucket=training_bucket.name,
+                vm_service_account=account.account.name,
+                ssh_key=ssh_key,
+                ssh_key_file=str(cfg.ssh.private_key_file),
+                passphrase=passphrase,
+                interval_s=cfg.recovery.interval_seconds,
+                labels=labels,
+            ),
+            opts=after_apis,
+        )
+
     vm_tags = [cfg.ssh_tag]
     ssh_firewall = firewall_mod.IngressRule(
         "ssh",
@@ -233,7 +265,11 @@ def build(
             ports=("22",),
             source_ranges=cfg.ssh.source_ranges,
             target_tags=(cfg.ssh_tag,),
-            description="SSH to the gemma4-tpu TPU VMs from the configured ranges only.",
+            description="SSH to the gemma4-tpu TPU VMs from the configured ranges only"
+            + (" and the recovery controller." if controller else "."),
+            extra_sources=(
+                controller.address.apply(lambda ip: [f"{ip}/32"]) if controller else None
+            ),
         ),
         opts=after_apis,
     )
@@ -345,6 +381,7 @@ def build(
         serve_vm=serve_vm,
         deployments=deployments,
         released=released,
+        recovery=controller,
     )
     resources.outputs = stack_outputs(resources)
     return resources
@@ -378,6 +415,8 @@ def stack_outputs(res: StackResources) -> dict[str, Any]:
         }
     if res.released is not None:
         outputs["trainReleased"] = res.released
+    if res.recovery is not None:
+        outputs["recoveryController"] = res.recovery.outputs
     if res.serve_vm is not None:
         port = cfg.serving.port
         ips = res.serve_vm.external_ips
@@ -405,6 +444,7 @@ def run() -> StackResources:
     """
     try:
         cfg, token = stack_config.load_stack_config()
+        recovery_secrets = stack_config.load_recovery_secrets(cfg)
         ssh_keys = resolve_ssh_keys(cfg)
     except config_mod.ConfigError as exc:
         lines = "\n".join(f"  {p}" for p in exc.problems)
@@ -422,7 +462,14 @@ def run() -> StackResources:
         pulumi.log.warn(warning)
     report_compile_check(cfg, pulumi.get_stack())
     released = read_release(cfg)
-    resources = build(cfg, token, ssh_keys=ssh_keys, stack=pulumi.get_stack(), released=released)
+    resources = build(
+        cfg,
+        token,
+        ssh_keys=ssh_keys,
+        stack=pulumi.get_stack(),
+        released=released,
+        recovery_secrets=recovery_secrets,
+    )
     export(resources)
     return resources
 

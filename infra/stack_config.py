@@ -16,7 +16,15 @@ from typing import Any
 import pydantic
 
 from infra import validation
-from infra.config import HF_TOKEN_KEY, PROJECT, ConfigError, StackConfig
+from infra.config import (
+    HF_TOKEN_KEY,
+    PROJECT,
+    RECOVERY_PASSPHRASE_KEY,
+    RECOVERY_SSH_KEY,
+    SECRET_KEYS,
+    ConfigError,
+    StackConfig,
+)
 from workloads import settings
 
 # ---------------------------------------------------------------------------------------------
@@ -110,7 +118,7 @@ def _top_level_keys_in_pulumi_config() -> set[str]:
 
 
 def read_pulumi_mapping() -> dict[str, Any]:
-    """The stack config as a plain mapping (the hfToken secret excluded)."""
+    """The stack config as a plain mapping (the secret keys excluded)."""
     import pulumi
 
     config = pulumi.Config(PROJECT)
@@ -118,7 +126,7 @@ def read_pulumi_mapping() -> dict[str, Any]:
         str(f.alias) for f in StackConfig.model_fields.values() if f.annotation in (str, str | None)
     }
     mapping: dict[str, Any] = {}
-    for key in sorted(_top_level_keys_in_pulumi_config() - {HF_TOKEN_KEY}):
+    for key in sorted(_top_level_keys_in_pulumi_config() - set(SECRET_KEYS)):
         raw = config.get(key)
         if raw is None:
             continue
@@ -132,6 +140,25 @@ def read_pulumi_mapping() -> dict[str, Any]:
     return mapping
 
 
+def _secret_config(key_name: str, problems: list[str]) -> Any:
+    """A secret config value of this project (an Output), or None; a plain-text one is a
+    problem (it would sit unencrypted in the stack file)."""
+    import pulumi
+    from pulumi.runtime import config as runtime_config
+
+    value = pulumi.Config(PROJECT).get_secret(key_name)
+    key = f"{PROJECT}:{key_name}"
+    is_secret = (
+        runtime_config.is_config_secret(key) or key in runtime_config.get_config_secret_keys_env()
+    )
+    if value is not None and not is_secret:
+        problems.append(
+            f"{key_name}: stored in plain text: set it with "
+            f"`pulumi config set --secret {key_name} ...`"
+        )
+    return value
+
+
 def load_stack_config() -> tuple[StackConfig, Any]:
     """Reads and validates the running program's stack config.
 
@@ -141,21 +168,8 @@ def load_stack_config() -> tuple[StackConfig, Any]:
     Raises:
         ConfigError: every problem, one line each.
     """
-    import pulumi
-    from pulumi.runtime import config as runtime_config
-
-    config = pulumi.Config(PROJECT)
-    token = config.get_secret(HF_TOKEN_KEY)
-    problems = []
-    key = f"{PROJECT}:{HF_TOKEN_KEY}"
-    is_secret = (
-        runtime_config.is_config_secret(key) or key in runtime_config.get_config_secret_keys_env()
-    )
-    if token is not None and not is_secret:
-        problems.append(
-            f"{HF_TOKEN_KEY}: stored in plain text: set it with "
-            f"`pulumi config set --secret {HF_TOKEN_KEY} <token>`"
-        )
+    problems: list[str] = []
+    token = _secret_config(HF_TOKEN_KEY, problems)
     try:
         cfg = parse_stack_config(read_pulumi_mapping(), has_hf_token=token is not None)
     except ConfigError as exc:
@@ -163,6 +177,29 @@ def load_stack_config() -> tuple[StackConfig, Any]:
     if problems:
         raise ConfigError(problems)
     return cfg, token
+
+
+def load_recovery_secrets(cfg: StackConfig) -> tuple[Any, Any] | None:
+    """(SSH key, secrets passphrase or None), both Pulumi secrets, when the stack declares the
+    recovery controller; None when it does not.
+
+    Raises:
+        ConfigError: the key is missing, or a value is stored in plain text.
+    """
+    if not cfg.recovery.enabled:
+        return None
+    problems: list[str] = []
+    key = _secret_config(RECOVERY_SSH_KEY, problems)
+    passphrase = _secret_config(RECOVERY_PASSPHRASE_KEY, problems)
+    if key is None:
+        problems.append(
+            f"{RECOVERY_SSH_KEY}: not set: recovery.enabled needs the private key of "
+            f"ssh.privateKeyFile: `pulumi config set --secret {RECOVERY_SSH_KEY} < "
+            f"{cfg.ssh.private_key_file}` (a key without a passphrase, made for this stack)"
+        )
+    if problems:
+        raise ConfigError(problems)
+    return key, passphrase
 
 
 def read_stack_file(path: str | pathlib.Path) -> dict[str, Any]:
@@ -186,7 +223,7 @@ def read_stack_file(path: str | pathlib.Path) -> dict[str, Any]:
         key[len(prefix) :]: value
         for key, value in raw.items()
         if key.startswith(prefix)
-        and key != prefix + HF_TOKEN_KEY
+        and key[len(prefix) :] not in SECRET_KEYS
         and not (isinstance(value, dict) and "secure" in value)
     }
 

@@ -441,3 +441,33 @@ def model(name: str) -> ModelSpec:
 def zone_region(zone: str) -> str:
     """`us-central1-a` -> `us-central1`."""
     return zone.rsplit("-", 1)[0]
+
+
+# The recovery controller (infra/components/recovery.py): Compute Engine list prices in
+# us-central1, USD. Estimates: other regions differ by a few percent, and one e2-micro per billing
+# account is free in us-west1, us-central1 and us-east1 under the free tier.
+HOURS_PER_MONTH = 730
+CONTROLLER_HOURLY_USD = {"e2-micro": 0.0084, "e2-small": 0.0168, "e2-medium": 0.0335}
+STANDARD_DISK_GB_MONTH_USD = 0.04
+STATIC_IP_IN_USE_HOURLY_USD = 0.005
+SECRET_VERSION_MONTH_USD = 0.06
+
+
+def controller_monthly_usd(machine_type: str, disk_gb: int) -> dict[str, float]:
+    """The controller's monthly cost by part (machine, disk, address, secrets), USD.
+
+    Raises:
+        KeyError: a machine type without a price here.
+    """
+    try:
+        hourly = CONTROLLER_HOURLY_USD[machine_type]
+    except KeyError:
+        raise KeyError(
+            f"no price for machine type {machine_type!r}; known: {', '.join(CONTROLLER_HOURLY_USD)}"
+        ) from None
+    return {
+        "machine": round(hourly * HOURS_PER_MONTH, 2),
+        "disk": round(disk_gb * STANDARD_DISK_GB_MONTH_USD, 2),
+        "address": round(STATIC_IP_IN_USE_HOURLY_USD * HOURS_PER_MONTH, 2),
+        "secrets": round(2 * SECRET_VERSION_MONTH_USD, 2),
+    }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import pulumi
 import pulumi_gcp as gcp
@@ -26,6 +27,8 @@ class FirewallArgs:
     """Network tags of the VMs the rule applies to."""
     description: str
     """What the rule is for."""
+    extra_sources: pulumi.Input[Sequence[str]] | None = None
+    """Ranges known only once other resources exist (the recovery controller's address)."""
 
 
 class IngressRule(pulumi.ComponentResource):
@@ -44,7 +47,13 @@ class IngressRule(pulumi.ComponentResource):
             network=args.network,
             direction="INGRESS",
             allows=[gcp.compute.FirewallAllowArgs(protocol="tcp", ports=list(args.ports))],
-            source_ranges=list(args.source_ranges),
+            source_ranges=(
+                list(args.source_ranges)
+                if args.extra_sources is None
+                else pulumi.Output.from_input(args.extra_sources).apply(
+                    lambda extra: [*args.source_ranges, *extra]
+                )
+            ),
             target_tags=list(args.target_tags),
             description=args.description,
             opts=pulumi.ResourceOptions(parent=self),

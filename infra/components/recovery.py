@@ -1,0 +1,272 @@
+"""The recovery controller: a small always-on VM that recovers a preempted training TPU.
+
+Why a VM: `python -m infra.ops recover --watch` on the user's machine stops when the laptop
+sleeps, and a preempted spot run then waits for a human. The controller runs that same command
+(the project's own recover loop, from the source the last `pulumi up` uploaded) against the same
+gs:// Pulumi state, so a recovery is exactly the user's `pulumi up --replace`. An e2-micro
+Compute Engine VM is the simplest thing that holds a long-running watch with a Pulumi CLI
+(a Cloud Run job would need its own container image and a scheduler).
+
+Least privilege: its own service account with a custom role holding only the Cloud TPU
+permissions a node's create/replace needs (project-wide: Cloud TPU has no per-node IAM), the
+right to attach the VMs' service account to the new node, object access on the state bucket,
+read access on the training bucket, and access to its two secrets (the stack's secrets
+passphrase, when the stack uses one, and the SSH key the deployment uses). Its fixed external
+address is added to the SSH firewall rule so its `pulumi up` can redeploy onto the new workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import re
+
+import pulumi
+import pulumi_gcp as gcp
+
+from infra import source_archive, startup, templating
+from infra.components import secret as secret_mod
+from workloads import catalog
+
+# What creating, replacing and deleting a TPU node (directly or through a queued resource) and
+# reading its operations needs; nothing else of Cloud TPU.
+RECOVER_PERMISSIONS = (
+    "tpu.nodes.create",
+    "tpu.nodes.delete",
+    "tpu.nodes.get",
+    "tpu.nodes.list",
+    "tpu.nodes.update",
+    "tpu.operations.get",
+    "tpu.queuedResources.create",
+    "tpu.queuedResources.delete",
+    "tpu.queuedResources.get",
+    "tpu.queuedResources.list",
+)
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+IMAGE = "debian-cloud/debian-12"
+DISK_GB = 10
+# The service user's home on the controller: `~/` in ssh.privateKeyFile means this there.
+RUN_HOME = "/var/lib/gemma4-recover"
+
+
+@dataclasses.dataclass(frozen=True)
+class RecoveryArgs:
+    """Arguments of RecoveryController."""
+
+    project: str
+    stack: str
+    prefix: str
+    """The stack's namePrefix (resource names)."""
+    zone: str
+    machine_type: str
+    network: str
+    subnetwork: str | None
+    backend_url: str
+    """The Pulumi state backend (gs://bucket[/path])."""
+    training_bucket: pulumi.Input[str]
+    """Name of the training bucket (the source archive goes there; the run is read there)."""
+    vm_service_account: pulumi.Input[str]
+    """The TPU VMs' service account id (projects/.../serviceAccounts/...): the controller may
+    attach it to the node it creates."""
+    ssh_key: pulumi.Input[str]
+    """The deployment's SSH private key (a Pulumi secret)."""
+    ssh_key_file: str
+    """ssh.privateKeyFile (under ~/): where the program on the controller finds the key."""
+    passphrase: pulumi.Input[str] | None
+    """The stack's secrets passphrase (a Pulumi secret), or None for a KMS secrets provider."""
+    interval_s: int
+    labels: dict[str, str]
+    source_dir: pathlib.Path = source_archive.ROOT
+    archive_dir: pathlib.Path = source_archive.ROOT / ".recovery"
+
+
+def state_bucket(backend_url: str) -> str:
+    """gs://bucket/path -> bucket."""
+    return backend_url.removeprefix("gs://").split("/", 1)[0]
+
+
+def key_path_on_controller(ssh_key_file: str) -> str:
+    """~/x -> /var/lib/gemma4-recover/x (the service user's home)."""
+    if not ssh_key_file.startswith("~/"):
+        raise ValueError(f"ssh.privateKeyFile {ssh_key_file!r}: must be under ~/")
+    return f"{RUN_HOME}/{ssh_key_file[2:]}"
+
+
+def monthly_usd(machine_type: str) -> dict[str, float]:
+    """The controller's estimated monthly cost from the catalog's list prices."""
+    parts = catalog.controller_monthly_usd(machine_type, DISK_GB)
+    return {**parts, "total": round(sum(parts.values()), 2)}
+
+
+def render_startup(
+    args: RecoveryArgs, source_uri: str, ssh_key_secret: str, passphrase_secret: str
+) -> str:
+    return templating.render(
+        "startup/recover.sh.j2",
+        project=args.project,
+        stack=args.stack,
+        backend_url=args.backend_url,
+        source_uri=source_uri,
+        pulumi_version=startup.pinned_versions()["pulumi"],
+        ssh_key_secret=ssh_key_secret,
+        ssh_key_file=key_path_on_controller(args.ssh_key_file),
+        passphrase_secret=passphrase_secret,
+        interval_s=args.interval_s,
+    )
+
+
+class RecoveryController(pulumi.ComponentResource):
+    """The controller VM, its identity and grants, its secrets and the source it runs.
+
+    Attributes:
+        address: its fixed external IP (allowed by the SSH firewall rule).
+        outputs: what the stack exports as `recoveryController`.
+    """
+
+    address: pulumi.Output[str]
+
+    def __init__(self, name: str, args: RecoveryArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("gemma4-tpu:infra:RecoveryController", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.account = gcp.serviceaccount.Account(
+            f"{name}-account",
+            project=args.project,
+            account_id=f"{args.prefix}-recover",
+            display_name=f"gemma4-tpu recovery controller ({args.stack})",
+            description="Recreates a preempted training TPU (python -m infra.ops recover).",
+            opts=child,
+        )
+        member = self.account.member
+        role = gcp.projects.IAMCustomRole(
+            f"{name}-role",
+            project=args.project,
+            role_id="gemma4Recover_" + re.sub(r"[^A-Za-z0-9_]", "_", args.prefix),
+            title=f"gemma4-tpu recovery ({args.prefix})",
+            description="Recreates the stack's TPU nodes (directly or queued).",
+            permissions=sorted(RECOVER_PERMISSIONS),
+            opts=child,
+        )
+        self.grants: list[pulumi.Resource] = [
+            gcp.projects.IAMMember(
+                f"{name}-tpu", project=args.project, role=role.name, member=member, opts=child
+            ),
+            gcp.projects.IAMMember(
+                f"{name}-logs",
+                project=args.project,
+                role="roles/logging.logWriter",
+                member=member,
+                opts=child,
+            ),
+            gcp.serviceaccount.IAMMember(
+                f"{name}-act-as-vm",
+                service_account_id=args.vm_service_account,
+                role="roles/iam.serviceAccountUser",
+                member=member,
+                opts=child,
+            ),
+            gcp.storage.BucketIAMMember(
+                f"{name}-state",
+                bucket=state_bucket(args.backend_url),
+                role="roles/storage.objectAdmin",
+                member=member,
+                opts=child,
+            ),
+            gcp.storage.BucketIAMMember(
+                f"{name}-run",
+                bucket=args.training_bucket,
+                role="roles/storage.objectViewer",
+                member=member,
+                opts=child,
+            ),
+        ]
+
+        def secret(suffix: str, data: pulumi.Input[str]) -> secret_mod.HfTokenSecret:
+            return secret_mod.HfTokenSecret(
+                f"{name}-{suffix}",
+                secret_mod.SecretArgs(
+                    project=args.project,
+                    secret_id=f"{args.prefix}-recover-{suffix}",
+                    secret_data=data,
+                    accessors=[member],
+                    labels=args.labels,
+                ),
+                opts=child,
+            )
+
+        ssh_secret = secret("ssh-key", args.ssh_key)
+        passphrase_secret = (
+            secret("passphrase", args.passphrase) if args.passphrase is not None else None
+        )
+        self.grants += [ssh_secret] + ([passphrase_secret] if passphrase_secret else [])
+
+        archive = source_archive.write_archive(args.stack, args.archive_dir, args.source_dir)
+        object_name = f"recovery/source-{args.stack}.tar.gz"
+        self.source = gcp.storage.BucketObject(
+            f"{name}-source",
+            bucket=args.training_bucket,
+            name=object_name,
+            source=pulumi.FileAsset(str(archive)),
+            content_type="application/gzip",
+            opts=child,
+        )
+        source_uri = pulumi.Output.concat("gs://", args.training_bucket, "/", object_name)
+
+        region = catalog.zone_region(args.zone)
+        ip = gcp.compute.Address(
+            f"{name}-ip",
+            project=args.project,
+            name=f"{args.prefix}-recover-ip",
+            region=region,
+            address_type="EXTERNAL",
+            description="The recovery controller's address (allowed to SSH to the TPU VMs).",
+            opts=child,
+        )
+        self.address = ip.address
+        script = source_uri.apply(
+            lambda uri: render_startup(
+                args,
+                uri,
+                f"{args.prefix}-recover-ssh-key",
+                f"{args.prefix}-recover-passphrase" if passphrase_secret else "",
+            )
+        )
+        network = gcp.compute.InstanceNetworkInterfaceArgs(
+            network=args.network,
+            subnetwork=args.subnetwork,
+            access_configs=[
+                gcp.compute.InstanceNetworkInterfaceAccessConfigArgs(nat_ip=ip.address)
+            ],
+        )
+        self.instance = gcp.compute.Instance(
+            f"{name}-vm",
+            project=args.project,
+            name=f"{args.prefix}-recover",
+            zone=args.zone,
+            machine_type=args.machine_type,
+            boot_disk=gcp.compute.InstanceBootDiskArgs(
+                initialize_params=gcp.compute.InstanceBootDiskInitializeParamsArgs(
+                    image=IMAGE, size=DISK_GB, type="pd-standard"
+                )
+            ),
+            network_interfaces=[network],
+            service_account=gcp.compute.InstanceServiceAccountArgs(
+                email=self.account.email, scopes=[CLOUD_PLATFORM_SCOPE]
+            ),
+            metadata={"startup-script": script, "enable-oslogin": "TRUE"},
+            tags=[f"{args.prefix}-recover"],
+            labels={**args.labels, "role": "recover"},
+            allow_stopping_for_update=True,
+            description="gemma4-tpu recovery controller: recreates a preempted training TPU.",
+            # It starts watching at boot: every grant and the source must exist by then.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*self.grants, self.source]),
+        )
+        self.outputs = {
+            "vm": self.instance.name,
+            "zone": args.zone,
+            "address": self.address,
+            "serviceAccount": self.account.email,
+            "logsCommand": f"gcloud compute ssh {args.prefix}-recover --zone {args.zone} "
+            "-- journalctl -u gemma4-recover -f",
+            "estimatedMonthlyUsd": monthly_usd(args.machine_type),
+        }
+        self.register_outputs({"address": self.address})
