@@ -408,6 +408,7 @@ def stack_outputs(res: StackResources) -> dict[str, Any]:
     }
     if res.train_vm is not None:
         outputs |= {
+            "trainPlacement": res.train_vm.placement,
             "trainWorkerIps": res.train_vm.external_ips,
             "trainSshCommands": res.train_vm.external_ips.apply(
                 functools.partial(ssh_commands, user, key)
@@ -423,6 +424,7 @@ def stack_outputs(res: StackResources) -> dict[str, Any]:
         outputs |= {
             "serveNode": cfg.serving_node_name,
             "serveZone": res.serve_vm.zone,
+            "servePlacement": res.serve_vm.placement,
             "serveWorkerIps": ips,
             "serveSshCommands": ips.apply(functools.partial(ssh_commands, user, key)),
             "servingEndpoint": ips.apply(functools.partial(endpoint_url, port)),

@@ -1,13 +1,13 @@
-"""The Cloud TPU API boundary of the operator commands (status, cost, recover).
+"""The Cloud TPU API boundary: the operator commands (status, cost, recover) and the node
+resource's placement (GoogleTpuApi, for infra/tpu_placement.py).
 
 One place that makes the client, reads a node (None when it does not exist) and names its
-state; the commands take the client as a parameter, so the tests hand
-them fakes here.
+state; the commands take the client as a parameter, so the tests hand them fakes here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from infra.stack_outputs import OpsError
@@ -92,3 +92,74 @@ def state_name(node: Any) -> str:
     """READY, PREEMPTED, ... (the enum's name; STATE_UNSPECIFIED when the node says nothing)."""
     state = getattr(node, "state", None)
     return str(getattr(state, "name", None) or state or "STATE_UNSPECIFIED")
+
+
+class GoogleTpuApi:
+    """tpu_placement.PlacementApi on google.cloud.tpu_v2 (Application Default Credentials, as
+    pulumi-gcp uses)."""
+
+    def __init__(self, client: Any | None = None, *, timeout_s: float = 3600.0):
+        if client is None:
+            from google.cloud import tpu_v2  # lazy: a heavy import only the provider needs
+
+            client = tpu_v2.TpuClient()
+        self._client = client
+        self._timeout_s = timeout_s
+
+    @staticmethod
+    def _types() -> Any:
+        from google.cloud import tpu_v2
+
+        return tpu_v2
+
+    def get_node(self, name: str) -> dict[str, Any] | None:
+        try:
+            node = self._client.get_node(name=name)
+        except Exception as exc:
+            if is_not_found(exc):
+                return None
+            raise
+        return type(node).to_dict(node, use_integers_for_enums=False)
+
+    def create_node(self, parent: str, node_id: str, node: Mapping[str, Any]) -> None:
+        tpu = self._types()
+        op = self._client.create_node(parent=parent, node_id=node_id, node=tpu.Node(node))
+        op.result(timeout=self._timeout_s)
+
+    def delete_node(self, name: str) -> None:
+        try:
+            self._client.delete_node(name=name).result(timeout=self._timeout_s)
+        except Exception as exc:
+            if not is_not_found(exc):
+                raise
+
+    def update_node(self, name: str, node: Mapping[str, Any], fields: Sequence[str]) -> None:
+        tpu = self._types()
+        body = tpu.Node({**{k: node[k] for k in fields if k in node}, "name": name})
+        request = tpu.UpdateNodeRequest(node=body, update_mask={"paths": list(fields)})
+        self._client.update_node(request=request).result(timeout=self._timeout_s)
+
+    def create_queued_resource(self, parent: str, queued_id: str, body: Mapping[str, Any]) -> None:
+        tpu = self._types()
+        op = self._client.create_queued_resource(
+            parent=parent, queued_resource_id=queued_id, queued_resource=tpu.QueuedResource(body)
+        )
+        op.result(timeout=self._timeout_s)
+
+    def queued_state(self, name: str) -> str | None:
+        try:
+            queued = self._client.get_queued_resource(name=name)
+        except Exception as exc:
+            if is_not_found(exc):
+                return None
+            raise
+        return queued.state.state.name
+
+    def delete_queued_resource(self, name: str) -> None:
+        tpu = self._types()
+        request = tpu.DeleteQueuedResourceRequest(name=name, force=True)
+        try:
+            self._client.delete_queued_resource(request=request).result(timeout=self._timeout_s)
+        except Exception as exc:
+            if not is_not_found(exc):
+                raise

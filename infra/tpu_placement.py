@@ -8,8 +8,8 @@ it is), so a lost or refreshed state never creates a second slice.
 
 No Pulumi here: the dynamic provider in infra/components/tpu_node.py calls `place`, `remove`,
 `read` and `update` during `pulumi up`/`destroy`/`refresh`; the tests call them with a fake API
-that refuses zones, preempts nodes and comes back. `GoogleTpuApi` is the one adapter onto
-google.cloud.tpu_v2 (node specs travel as plain dicts with the API's field names).
+that refuses zones, preempts nodes and comes back. The adapter onto google.cloud.tpu_v2 is
+infra.tpu_api.GoogleTpuApi (node specs travel as plain dicts with the API's field names).
 """
 
 from __future__ import annotations
@@ -64,8 +64,9 @@ class NoCapacity(PlacementError):
         )
 
 
-class TpuApi(Protocol):
-    """The calls placement makes; `GoogleTpuApi` is the real one, the tests' fake another.
+class PlacementApi(Protocol):
+    """The calls placement makes; infra.tpu_api.GoogleTpuApi is the real one, the tests' fake
+    another.
     Names are full resource paths; the create and delete calls return once the API's
     operation finished (and raise what it failed with)."""
 
@@ -145,7 +146,7 @@ def _owner_of(request: Request) -> dict[str, str]:
     return {k: str(labels.get(k, "")) for k in OWNER_LABELS}
 
 
-def find_existing(api: TpuApi, request: Request, say: Say) -> Placement | None:
+def find_existing(api: PlacementApi, request: Request, say: Say) -> Placement | None:
     """The node this stack already has in one of the zones (adopted as it is), or None.
     A preempted or terminated one is deleted on the way: it will not run again.
 
@@ -176,7 +177,7 @@ def find_existing(api: TpuApi, request: Request, say: Say) -> Placement | None:
 
 
 def place(
-    api: TpuApi,
+    api: PlacementApi,
     request: Request,
     *,
     say: Say,
@@ -231,7 +232,7 @@ class QueueGaveUp(Exception):
 
 
 def _queue_in(
-    api: TpuApi,
+    api: PlacementApi,
     request: Request,
     zone: str,
     say: Say,
@@ -300,11 +301,11 @@ def queued_body(request: Request, zone: str) -> dict[str, Any]:
     }
 
 
-def _remove_in(api: TpuApi, request: Request, zone: str, queued: str | None) -> None:
+def _remove_in(api: PlacementApi, request: Request, zone: str, queued: str | None) -> None:
     remove(api, request.node_name(zone), queued)
 
 
-def remove(api: TpuApi, node_name: str, queued_resource: str | None) -> None:
+def remove(api: PlacementApi, node_name: str, queued_resource: str | None) -> None:
     """Deletes the node (through its queued resource when it has one); gone already is fine."""
     if queued_resource:
         api.delete_queued_resource(queued_resource)
@@ -312,12 +313,14 @@ def remove(api: TpuApi, node_name: str, queued_resource: str | None) -> None:
         api.delete_node(node_name)
 
 
-def read(api: TpuApi, node_name: str) -> dict[str, Any] | None:
+def read(api: PlacementApi, node_name: str) -> dict[str, Any] | None:
     """The node as the API has it now, or None when it is gone."""
     return api.get_node(node_name)
 
 
-def update(api: TpuApi, node_name: str, node: Mapping[str, Any], fields: Sequence[str]) -> None:
+def update(
+    api: PlacementApi, node_name: str, node: Mapping[str, Any], fields: Sequence[str]
+) -> None:
     """Changes `fields` (a subset of UPDATABLE) of the running node in place."""
     unknown = sorted(set(fields) - set(UPDATABLE))
     if unknown:
@@ -339,78 +342,3 @@ def external_ips(node: Mapping[str, Any]) -> list[str]:
 
 def internal_ips(node: Mapping[str, Any]) -> list[str]:
     return [str(e.get("ip_address") or "") for e in node.get("network_endpoints") or []]
-
-
-class GoogleTpuApi:
-    """TpuApi on google.cloud.tpu_v2 (Application Default Credentials, as pulumi-gcp uses)."""
-
-    def __init__(self, client: Any | None = None, *, timeout_s: float = 3600.0):
-        if client is None:
-            from google.cloud import tpu_v2  # lazy: a heavy import only the provider needs
-
-            client = tpu_v2.TpuClient()
-        self._client = client
-        self._timeout_s = timeout_s
-
-    @staticmethod
-    def _types() -> Any:
-        from google.cloud import tpu_v2
-
-        return tpu_v2
-
-    def _not_found(self, exc: BaseException) -> bool:
-        from google.api_core import exceptions
-
-        return isinstance(exc, exceptions.NotFound)
-
-    def get_node(self, name: str) -> dict[str, Any] | None:
-        try:
-            node = self._client.get_node(name=name)
-        except Exception as exc:
-            if self._not_found(exc):
-                return None
-            raise
-        return type(node).to_dict(node, use_integers_for_enums=False)
-
-    def create_node(self, parent: str, node_id: str, node: Mapping[str, Any]) -> None:
-        tpu = self._types()
-        op = self._client.create_node(parent=parent, node_id=node_id, node=tpu.Node(node))
-        op.result(timeout=self._timeout_s)
-
-    def delete_node(self, name: str) -> None:
-        try:
-            self._client.delete_node(name=name).result(timeout=self._timeout_s)
-        except Exception as exc:
-            if not self._not_found(exc):
-                raise
-
-    def update_node(self, name: str, node: Mapping[str, Any], fields: Sequence[str]) -> None:
-        tpu = self._types()
-        body = tpu.Node({**{k: node[k] for k in fields if k in node}, "name": name})
-        request = tpu.UpdateNodeRequest(node=body, update_mask={"paths": list(fields)})
-        self._client.update_node(request=request).result(timeout=self._timeout_s)
-
-    def create_queued_resource(self, parent: str, queued_id: str, body: Mapping[str, Any]) -> None:
-        tpu = self._types()
-        op = self._client.create_queued_resource(
-            parent=parent, queued_resource_id=queued_id, queued_resource=tpu.QueuedResource(body)
-        )
-        op.result(timeout=self._timeout_s)
-
-    def queued_state(self, name: str) -> str | None:
-        try:
-            queued = self._client.get_queued_resource(name=name)
-        except Exception as exc:
-            if self._not_found(exc):
-                return None
-            raise
-        return queued.state.state.name
-
-    def delete_queued_resource(self, name: str) -> None:
-        tpu = self._types()
-        request = tpu.DeleteQueuedResourceRequest(name=name, force=True)
-        try:
-            self._client.delete_queued_resource(request=request).result(timeout=self._timeout_s)
-        except Exception as exc:
-            if not self._not_found(exc):
-                raise

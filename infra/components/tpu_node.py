@@ -22,7 +22,7 @@ from typing import Any
 import pulumi
 import pulumi.dynamic
 
-from infra import tpu_placement
+from infra import tpu_api, tpu_placement
 
 # Inputs that say where and how the node is placed (not part of the node's spec).
 CONTROL_KEYS = ("project", "node_id", "zones", "queue")
@@ -46,9 +46,9 @@ REPLACE_KEYS = tuple(k for k in (*CONTROL_KEYS, *NODE_KEYS) if k not in tpu_plac
 UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
 
 
-def new_api() -> tpu_placement.TpuApi:
+def new_api() -> tpu_placement.PlacementApi:
     """The Cloud TPU API the provider talks to (tests replace this function)."""
-    return tpu_placement.GoogleTpuApi()
+    return tpu_api.GoogleTpuApi()
 
 
 def node_spec(props: Mapping[str, Any]) -> dict[str, Any]:

@@ -75,6 +75,7 @@ class TpuVm(pulumi.ComponentResource):
 
     node: tpu_node.TpuNode
     zone: pulumi.Output[str]
+    placement: pulumi.Output[dict[str, Any]]
     external_ips: pulumi.Output[list[str]]
     internal_ips: pulumi.Output[list[str]]
 
@@ -116,6 +117,10 @@ class TpuVm(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
         )
         self.zone = self.node.zone
+        # Where it runs and how it got there (exported as <role>Placement).
+        self.placement = pulumi.Output.all(
+            self.node.zone, self.node.queued_resource, self.node.refusals
+        ).apply(lambda v: {"zone": v[0], "queuedResource": v[1], "refusedZones": v[2] or []})
         self.external_ips = self.node.network_endpoints.apply(_external_ips)
         self.internal_ips = self.node.network_endpoints.apply(_internal_ips)
         self.register_outputs(

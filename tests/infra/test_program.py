@@ -521,6 +521,11 @@ def test_a_queued_stack_with_fallback_zones_reports_where_the_node_was_placed():
     assert node.get("scheduling_config") is None
     # The zone it got, not the first one asked for, is what the outputs and ops read.
     assert rec.outputs["trainZone"] == "us-east5-a"
+    assert rec.outputs["trainPlacement"] == {
+        "zone": "us-east5-a",
+        "queuedResource": None,
+        "refusedZones": [],
+    }
     assert rec.outputs["deployments"]["train"]["zone"] == "us-east5-a"
     # The bucket stays in the first zone's region.
     assert rec.one(BUCKET).inputs["location"] == "US-CENTRAL1"

@@ -14,7 +14,7 @@ import pytest
 from google.api_core import exceptions
 from google.cloud import tpu_v2
 
-from infra import tpu_placement
+from infra import tpu_api, tpu_placement
 
 OWNER = {"app": "gemma4-tpu", "stack": "prod", "run": "r1"}
 NODE = {
@@ -339,7 +339,7 @@ class FakeClient:
 
 def test_the_google_adapter_sends_real_messages_and_reads_nodes_back_as_dicts():
     client = FakeClient()
-    api = tpu_placement.GoogleTpuApi(client)
+    api = tpu_api.GoogleTpuApi(client)
     spec = {
         **NODE,
         "scheduling_config": {"spot": True},
