@@ -22,12 +22,11 @@ import fabric
 import pulumi
 import pulumi.dynamic
 
-from infra import remote, ssh
+from infra import dynamic_values, remote, ssh
 
 LOG = logging.getLogger("infra.ssh_deployment")
 
-# The value a dynamic provider sees for an input that is not known yet (during preview).
-UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
+UNKNOWN = dynamic_values.UNKNOWN  # what preview passes for a value not known yet
 
 # A different value here means different machines: replace (delete old, then create new).
 REPLACE_KEYS = ("hosts", "remote_root", "vm")
@@ -139,27 +138,6 @@ def units_sha256(units: Mapping[str, str]) -> str:
     )
 
 
-def _is_unknown(value: Any) -> bool:
-    if value == UNKNOWN:
-        return True
-    if isinstance(value, list | tuple):
-        return any(_is_unknown(v) for v in value)
-    if isinstance(value, dict):
-        return any(_is_unknown(v) for v in value.values())
-    return False
-
-
-def _norm(value: Any) -> Any:
-    """Compares values the way they come back from state (tuples as lists, ints as floats)."""
-    if isinstance(value, list | tuple):
-        return [_norm(v) for v in value]
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, int | float):
-        return float(value)
-    return value
-
-
 def _log_step(host: str, step: str) -> None:
     LOG.info("%s: %s", host, step)
 
@@ -177,22 +155,22 @@ class SshDeploymentProvider(pulumi.dynamic.ResourceProvider):
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.CheckResult:
         failures = []
         hosts = news.get("hosts") or []
-        if not _is_unknown(hosts) and not hosts:
+        if not dynamic_values.is_unknown(hosts) and not hosts:
             failures.append(
                 pulumi.dynamic.CheckFailure("hosts", "the VM reports no worker addresses")
             )
-        elif not _is_unknown(hosts) and any(not h for h in hosts):
+        elif not dynamic_values.is_unknown(hosts) and any(not h for h in hosts):
             failures.append(
                 pulumi.dynamic.CheckFailure(
                     "hosts", f"a worker has no address (got {hosts}); the VM needs external IPs"
                 )
             )
         units = news.get("units")
-        if not _is_unknown(units) and not units:
+        if not dynamic_values.is_unknown(units) and not units:
             failures.append(pulumi.dynamic.CheckFailure("units", "no systemd unit to deploy"))
         for key in ("enable", "start"):
             names = news.get(key) or []
-            if _is_unknown(names) or _is_unknown(units):
+            if dynamic_values.is_unknown(names) or dynamic_values.is_unknown(units):
                 continue
             missing = [n for n in names if n not in (units or {})]
             if missing:
@@ -207,17 +185,23 @@ class SshDeploymentProvider(pulumi.dynamic.ResourceProvider):
         self, _id: str, olds: dict[str, Any], news: dict[str, Any]
     ) -> pulumi.dynamic.DiffResult:
         news = dict(news)
-        if "units" in news and "units_sha256" not in news and not _is_unknown(news["units"]):
+        if (
+            "units" in news
+            and "units_sha256" not in news
+            and not dynamic_values.is_unknown(news["units"])
+        ):
             news["units_sha256"] = units_sha256(news["units"])
         replaces = [
             k
             for k in REPLACE_KEYS
-            if not _is_unknown(news.get(k)) and _norm(olds.get(k)) != _norm(news.get(k))
+            if not dynamic_values.is_unknown(news.get(k))
+            and dynamic_values.comparable(olds.get(k)) != dynamic_values.comparable(news.get(k))
         ]
         changed = [
             k
             for k in (*REPLACE_KEYS, *CONTENT_KEYS, *CONNECTION_KEYS)
-            if _is_unknown(news.get(k)) or _norm(olds.get(k)) != _norm(news.get(k))
+            if dynamic_values.is_unknown(news.get(k))
+            or dynamic_values.comparable(olds.get(k)) != dynamic_values.comparable(news.get(k))
         ]
         return pulumi.dynamic.DiffResult(
             changes=bool(changed),

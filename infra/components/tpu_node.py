@@ -22,7 +22,7 @@ from typing import Any
 import pulumi
 import pulumi.dynamic
 
-from infra import tpu_api, tpu_placement
+from infra import dynamic_values, tpu_api, tpu_placement
 
 # Inputs that say where and how the node is placed (not part of the node's spec).
 CONTROL_KEYS = ("project", "node_id", "zones", "queue")
@@ -42,8 +42,7 @@ NODE_KEYS = (
 OUTPUT_KEYS = ("zone", "state", "network_endpoints", "queued_resource", "refusals")
 # A change here is a different node: replace it.
 REPLACE_KEYS = tuple(k for k in (*CONTROL_KEYS, *NODE_KEYS) if k not in tpu_placement.UPDATABLE)
-# The value a dynamic provider sees for an input that is not known yet (during preview).
-UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
+UNKNOWN = dynamic_values.UNKNOWN  # what preview passes for a value not known yet
 
 
 def new_api() -> tpu_placement.PlacementApi:
@@ -89,41 +88,20 @@ def _outputs(placement: tpu_placement.Placement) -> dict[str, Any]:
     }
 
 
-def _known(value: Any) -> bool:
-    if value == UNKNOWN:
-        return False
-    if isinstance(value, list | tuple):
-        return all(_known(v) for v in value)
-    if isinstance(value, dict):
-        return all(_known(v) for v in value.values())
-    return True
-
-
-def _norm(value: Any) -> Any:
-    """Compares values the way they come back from state (tuples as lists, ints as floats)."""
-    if isinstance(value, list | tuple):
-        return [_norm(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _norm(v) for k, v in value.items() if v is not None}
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, int | float):
-        return float(value)
-    return value
-
-
 def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     """(changed keys, keys that force a replacement). The zone list is a replacement only when
     it no longer holds the zone the node was placed in: reordering or adding zones keeps it."""
     changed, replaces = [], []
     for key in (*CONTROL_KEYS, *NODE_KEYS):
         new = news.get(key)
-        if key == "zones" and _known(new):
+        if key == "zones" and not dynamic_values.is_unknown(new):
             if olds.get("zone") not in (new or []):
                 changed.append(key)
                 replaces.append(key)
             continue
-        if not _known(new) or _norm(olds.get(key)) != _norm(new):
+        if dynamic_values.is_unknown(new) or dynamic_values.comparable(
+            olds.get(key)
+        ) != dynamic_values.comparable(new):
             changed.append(key)
             if key in REPLACE_KEYS:
                 replaces.append(key)
