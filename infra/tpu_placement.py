@@ -130,6 +130,15 @@ def is_capacity_error(exc: BaseException) -> bool:
 
         if isinstance(exc, exceptions.ResourceExhausted | exceptions.TooManyRequests):
             return True
+        # Refusals that would repeat in every zone, whatever their text says.
+        if isinstance(
+            exc,
+            exceptions.PermissionDenied
+            | exceptions.Unauthenticated
+            | exceptions.InvalidArgument
+            | exceptions.NotFound,
+        ):
+            return False
     except ImportError:  # pragma: no cover - google-api-core is a declared dependency
         pass
     text = str(exc).lower()

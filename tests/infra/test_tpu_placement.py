@@ -289,6 +289,10 @@ def test_capacity_errors_are_told_from_others():
     assert tpu_placement.is_capacity_error(QUOTA)
     assert tpu_placement.is_capacity_error(exceptions.TooManyRequests("slow down"))
     assert not tpu_placement.is_capacity_error(exceptions.PermissionDenied("tpu.nodes.create"))
+    # "insufficient" in a permission message is not about capacity.
+    assert not tpu_placement.is_capacity_error(
+        exceptions.PermissionDenied("Insufficient permissions: tpu.nodes.create")
+    )
     assert not tpu_placement.is_capacity_error(exceptions.InvalidArgument("runtime version"))
 
 
