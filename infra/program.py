@@ -52,7 +52,7 @@ class StackResources:
     service_account: sa_mod.VmServiceAccount
     training_bucket: bucket_mod.Bucket
     serving_bucket: bucket_mod.Bucket
-    secret: secret_mod.HfTokenSecret | None
+    secret: secret_mod.StoredSecret | None
     ssh_firewall: firewall_mod.IngressRule
     api_firewall: firewall_mod.IngressRule | None
     train_vm: tpu_mod.TpuVm | None  # None: the run finished and released it (release_record)
@@ -216,7 +216,7 @@ def build(
 
     secret = None
     if hf_token is not None:
-        secret = secret_mod.HfTokenSecret(
+        secret = secret_mod.StoredSecret(
             "hf-token",
             secret_mod.SecretArgs(
                 project=cfg.project,

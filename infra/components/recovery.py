@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-import re
 
 import pulumi
 import pulumi_gcp as gcp
 
 from infra import source_archive, startup, templating
 from infra.components import secret as secret_mod
+from infra.components import service_account as sa_mod
 from workloads import catalog
 
 # What creating, replacing and deleting a TPU node (directly or through a queued resource) and
@@ -85,6 +85,11 @@ def state_bucket(backend_url: str) -> str:
     return backend_url.removeprefix("gs://").split("/", 1)[0]
 
 
+def secret_id(prefix: str, suffix: str) -> str:
+    """The Secret Manager id of one of the controller's secrets (declared and read by name)."""
+    return f"{prefix}-recover-{suffix}"
+
+
 def key_path_on_controller(ssh_key_file: str) -> str:
     """~/x -> /var/lib/gemma4-recover/x (the service user's home)."""
     if not ssh_key_file.startswith("~/"):
@@ -137,18 +142,16 @@ class RecoveryController(pulumi.ComponentResource):
             opts=child,
         )
         member = self.account.member
-        role = gcp.projects.IAMCustomRole(
-            f"{name}-role",
-            project=args.project,
-            role_id="gemma4Recover_" + re.sub(r"[^A-Za-z0-9_]", "_", args.prefix),
-            title=f"gemma4-tpu recovery ({args.prefix})",
-            description="Recreates the stack's TPU nodes (directly or queued).",
-            permissions=sorted(RECOVER_PERMISSIONS),
-            opts=child,
-        )
         self.grants: list[pulumi.Resource] = [
-            gcp.projects.IAMMember(
-                f"{name}-tpu", project=args.project, role=role.name, member=member, opts=child
+            sa_mod.custom_role_grant(
+                f"{name}-tpu",
+                args.project,
+                member,
+                role_id=f"gemma4Recover_{args.prefix}",
+                title=f"gemma4-tpu recovery ({args.prefix})",
+                description="Recreates the stack's TPU nodes (directly or queued).",
+                permissions=RECOVER_PERMISSIONS,
+                opts=child,
             ),
             gcp.projects.IAMMember(
                 f"{name}-logs",
@@ -180,12 +183,12 @@ class RecoveryController(pulumi.ComponentResource):
             ),
         ]
 
-        def secret(suffix: str, data: pulumi.Input[str]) -> secret_mod.HfTokenSecret:
-            return secret_mod.HfTokenSecret(
+        def secret(suffix: str, data: pulumi.Input[str]) -> secret_mod.StoredSecret:
+            return secret_mod.StoredSecret(
                 f"{name}-{suffix}",
                 secret_mod.SecretArgs(
                     project=args.project,
-                    secret_id=f"{args.prefix}-recover-{suffix}",
+                    secret_id=secret_id(args.prefix, suffix),
                     secret_data=data,
                     accessors=[member],
                     labels=args.labels,
@@ -226,8 +229,8 @@ class RecoveryController(pulumi.ComponentResource):
             lambda uri: render_startup(
                 args,
                 uri,
-                f"{args.prefix}-recover-ssh-key",
-                f"{args.prefix}-recover-passphrase" if passphrase_secret else "",
+                secret_id(args.prefix, "ssh-key"),
+                secret_id(args.prefix, "passphrase") if passphrase_secret else "",
             )
         )
         network = gcp.compute.InstanceNetworkInterfaceArgs(

@@ -1,4 +1,5 @@
-"""The Hugging Face token in Secret Manager, readable only by the VM service account."""
+"""A secret in Secret Manager (the Hugging Face token; the recovery controller's SSH key and
+passphrase), readable only by the members named."""
 
 from __future__ import annotations
 
@@ -11,22 +12,23 @@ import pulumi_gcp as gcp
 
 @dataclasses.dataclass(frozen=True)
 class SecretArgs:
-    """Arguments of HfTokenSecret."""
+    """Arguments of StoredSecret."""
 
     project: str
     """Project id of the secret."""
     secret_id: str
     """Secret id; the VMs read `projects/<project>/secrets/<secret_id>/versions/latest`."""
     secret_data: pulumi.Input[str]
-    """The token: a Pulumi secret output (config.require_secret), never a plain string."""
+    """The value: a Pulumi secret output (config.require_secret), never a plain string."""
     accessors: Sequence[pulumi.Input[str]]
     """IAM members granted roles/secretmanager.secretAccessor on this secret only."""
     labels: dict[str, str]
     """Labels on the secret."""
 
 
-class HfTokenSecret(pulumi.ComponentResource):
-    """A secret with one version (the token) and an accessor grant per member."""
+# The Pulumi type keeps its first name: renaming it would replace every stack's token secret.
+class StoredSecret(pulumi.ComponentResource):
+    """A secret with one version (the value) and an accessor grant per member."""
 
     secret: gcp.secretmanager.Secret
     version: gcp.secretmanager.SecretVersion

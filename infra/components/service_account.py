@@ -89,29 +89,54 @@ RELEASE_PERMISSIONS = ("tpu.nodes.get", "tpu.nodes.delete", "tpu.operations.get"
 STOP_PERMISSIONS = ("tpu.nodes.get", "tpu.nodes.stop", "tpu.operations.get")
 
 
-def self_service_grant(
-    name: str, project: str, account: VmServiceAccount, *, prefix: str, permissions: Sequence[str]
+def custom_role_grant(
+    name: str,
+    project: str,
+    member: pulumi.Input[str],
+    *,
+    role_id: str,
+    title: str,
+    description: str,
+    permissions: Sequence[str],
+    opts: pulumi.ResourceOptions,
 ) -> pulumi.Resource:
-    """A custom role with exactly `permissions`, granted to the VMs' account.
+    """A project custom role with exactly `permissions` (`<name>-role`), granted to `member`
+    (`<name>-member`). Characters a role id cannot hold become '_'.
 
     Returns:
-        The grant (the VMs depend on it: a run may finish before anyone looks).
+        The grant (what a resource that needs the permissions depends on).
     """
     role = gcp.projects.IAMCustomRole(
         f"{name}-role",
         project=project,
-        # Role ids allow letters, digits, '_' and '.': one role per stack prefix.
-        role_id="gemma4SelfService_" + re.sub(r"[^A-Za-z0-9_]", "_", prefix),
+        role_id=re.sub(r"[^A-Za-z0-9_]", "_", role_id),
+        title=title,
+        description=description,
+        permissions=sorted(set(permissions)),
+        opts=opts,
+    )
+    return gcp.projects.IAMMember(
+        f"{name}-member", project=project, role=role.name, member=member, opts=opts
+    )
+
+
+def self_service_grant(
+    name: str, project: str, account: VmServiceAccount, *, prefix: str, permissions: Sequence[str]
+) -> pulumi.Resource:
+    """A custom role with exactly `permissions`, granted to the VMs' account (one role per stack
+    prefix).
+
+    Returns:
+        The grant (the VMs depend on it: a run may finish before anyone looks).
+    """
+    return custom_role_grant(
+        name,
+        project,
+        account.member,
+        role_id=f"gemma4SelfService_{prefix}",
         title=f"gemma4-tpu self-service ({prefix})",
         description="Lets the TPU VMs delete or stop their own node (releaseWhenDone, "
         "stopAfterHours).",
-        permissions=sorted(set(permissions)),
-        opts=pulumi.ResourceOptions(parent=account),
-    )
-    return gcp.projects.IAMMember(
-        f"{name}-member",
-        project=project,
-        role=role.name,
-        member=account.member,
+        permissions=permissions,
         opts=pulumi.ResourceOptions(parent=account),
     )
