@@ -68,7 +68,8 @@ class PlacementApi(Protocol):
     """The calls placement makes; infra.tpu_api.GoogleTpuApi is the real one, the tests' fake
     another.
     Names are full resource paths; the create and delete calls return once the API's
-    operation finished (and raise what it failed with)."""
+    operation finished (and raise what it failed with); a delete of what is gone already
+    succeeds."""
 
     def get_node(self, name: str) -> dict[str, Any] | None: ...
     def create_node(self, parent: str, node_id: str, node: Mapping[str, Any]) -> None: ...
@@ -178,7 +179,7 @@ def find_existing(api: PlacementApi, request: Request, say: Say) -> Placement | 
         queued = node.get("queued_resource") or None
         if state in NODE_GONE:
             say(f"{zone}: {request.node_id} is {state}; deleting it to create a new one")
-            _remove_in(api, request, zone, queued)
+            remove(api, request.node_name(zone), queued)
             continue
         say(f"{zone}: {request.node_id} exists ({state}); keeping it")
         return Placement(zone, node, queued, adopted=True)
@@ -222,7 +223,9 @@ def place(
             refusals.append(f"{zone}: {reason}")
             say(f"{zone}: no capacity for {request.node_id} ({reason})")
             # A refused create can leave a half-made node or a dead queued resource behind.
-            _remove_in(api, request, zone, request.queued_name(zone) if request.queue else None)
+            remove(
+                api, request.node_name(zone), request.queued_name(zone) if request.queue else None
+            )
             continue
         node = api.get_node(request.node_name(zone))
         if node is None:
@@ -310,21 +313,11 @@ def queued_body(request: Request, zone: str) -> dict[str, Any]:
     }
 
 
-def _remove_in(api: PlacementApi, request: Request, zone: str, queued: str | None) -> None:
-    remove(api, request.node_name(zone), queued)
-
-
 def remove(api: PlacementApi, node_name: str, queued_resource: str | None) -> None:
     """Deletes the node (through its queued resource when it has one); gone already is fine."""
     if queued_resource:
         api.delete_queued_resource(queued_resource)
-    if api.get_node(node_name) is not None:
-        api.delete_node(node_name)
-
-
-def read(api: PlacementApi, node_name: str) -> dict[str, Any] | None:
-    """The node as the API has it now, or None when it is gone."""
-    return api.get_node(node_name)
+    api.delete_node(node_name)
 
 
 def update(

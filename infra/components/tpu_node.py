@@ -143,7 +143,7 @@ class TpuNodeProvider(pulumi.dynamic.ResourceProvider):
         tpu_placement.update(api, id_, node_spec(news), fields)
         outs = {k: v for k, v in news.items() if k != "__provider"}
         outs |= {k: olds.get(k) for k in OUTPUT_KEYS}
-        node = tpu_placement.read(api, id_)
+        node = api.get_node(id_)
         if node is not None:
             outs["state"] = str(node.get("state") or "STATE_UNSPECIFIED")
             outs["network_endpoints"] = list(node.get("network_endpoints") or [])
@@ -153,7 +153,7 @@ class TpuNodeProvider(pulumi.dynamic.ResourceProvider):
         tpu_placement.remove(new_api(), id_, props.get("queued_resource"))
 
     def read(self, id_: str, props: dict[str, Any]) -> pulumi.dynamic.ReadResult:
-        node = tpu_placement.read(new_api(), id_)
+        node = new_api().get_node(id_)
         if node is None:  # gone (deleted by hand, or released): an empty id tells Pulumi so
             return pulumi.dynamic.ReadResult("", {})
         outs = dict(props) | {
