@@ -237,30 +237,29 @@ class EvalSection(settings.EvalSettings):
     ks: tuple[int, ...] = pydantic.Field((1, 5), description="k values of pass@k (each <= n).")
 
 
-class ReleaseSection(_Section):
+class OwnNodeSection(_Section):
+    """This VM's own TPU node, for a command that acts on it (release, stop)."""
+
+    project: str = pydantic.Field(description="Project of this VM's TPU node.")
+    zone: str = pydantic.Field(
+        description="The stack's first zone for this node; the VM uses the zone it runs in "
+        "(GEMMA4_ZONE, from the metadata server) when it knows it."
+    )
+    node: str = pydantic.Field(description="Name of this VM's TPU node.")
+
+
+class ReleaseSection(OwnNodeSection):
     """Giving the training TPU back once training (and the merge) succeeded."""
 
-    project: str = pydantic.Field(description="Project of the training TPU node.")
-    zone: str = pydantic.Field(
-        description="The stack's first zone for the training node; the VM uses the zone it runs "
-        "in (GEMMA4_ZONE, from the metadata server) when it knows it."
-    )
-    node: str = pydantic.Field(description="Name of the training TPU node (this VM).")
     marker: ConfigPath = pydantic.Field(
         description="Where the release is recorded (local or gs://): `pulumi up` reads it and "
         "does not create the node again for this run."
     )
 
 
-class StopSection(_Section):
+class StopSection(OwnNodeSection):
     """Stopping the serving TPU after a time limit (the stack's serving.stopAfterHours)."""
 
-    project: str = pydantic.Field(description="Project of the serving TPU node.")
-    zone: str = pydantic.Field(
-        description="The stack's first zone for the serving node; the VM uses the zone it runs "
-        "in (GEMMA4_ZONE, from the metadata server) when it knows it."
-    )
-    node: str = pydantic.Field(description="Name of the serving TPU node (this VM).")
     after_hours: float = pydantic.Field(
         gt=0, description="Hours after each boot of the VM at which the node is stopped."
     )
