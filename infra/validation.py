@@ -12,6 +12,7 @@ memory estimates are in infra/sizing.py.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from collections.abc import Callable, Iterable
 
@@ -462,6 +463,7 @@ def rule_network(cfg: StackConfig) -> list[str]:
     problems += _range_problems(
         "ssh.sourceRanges", cfg.ssh.source_ranges, cfg.ssh.allow_from_anywhere
     )
+    problems += _key_file_problems(cfg.ssh.private_key_file)
     key = cfg.ssh.public_key
     if key is None and cfg.ssh.private_key_file is None:
         problems.append(
@@ -546,6 +548,19 @@ def rule_serving_requests(cfg: StackConfig) -> list[str]:
             "serving.bench.enabled false"
         )
     return problems
+
+
+def _key_file_problems(path: str | None) -> list[str]:
+    """A key file path the OS can open: no control characters, and `~name/` only for a real user."""
+    if path is None:
+        return []
+    allowed = "a file path: absolute, relative to the stack's directory, or ~/..."
+    if not path.strip() or any(ord(ch) < 32 or ord(ch) == 127 for ch in path):
+        return [f"ssh.privateKeyFile: {path!r}: {allowed} (no control characters)"]
+    if path.startswith("~") and os.path.expanduser(path).startswith("~"):
+        user = path[1:].split("/", 1)[0]
+        return [f"ssh.privateKeyFile: {path!r}: no user {user!r} on this machine; {allowed}"]
+    return []
 
 
 def rule_recovery(cfg: StackConfig) -> list[str]:
