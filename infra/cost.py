@@ -8,6 +8,11 @@ preemptible prices, so for those nodes the figure is an upper bound and says so.
 the rate times the hours since the node was created: it counts the time the node spent
 CREATING (not billed) and forgets earlier nodes of the same run that a recovery replaced, so
 it is an estimate; the billing report is the ground truth.
+
+The recovery controller (`recovery.enabled`) is an ordinary Compute Engine VM that runs all the
+time: it is listed at the hourly share of the monthly estimate the stack exports for it
+(`recoveryController.estimatedMonthlyUsd`), and counted in "now" but not in "so far" (the TPU API
+does not know when it was made).
 """
 
 from __future__ import annotations
@@ -45,6 +50,18 @@ class NodeCost:
         if self.hourly_usd is None or self.hours is None:
             return None
         return self.hourly_usd * self.hours
+
+
+@dataclasses.dataclass(frozen=True)
+class AlwaysOn:
+    """A small VM of the stack that bills every hour, priced by the stack's own estimate."""
+
+    label: str
+    monthly_usd: float
+
+    @property
+    def hourly_usd(self) -> float:
+        return self.monthly_usd / catalog.HOURS_PER_MONTH
 
 
 def _provisioning(node: Any) -> str:
@@ -88,7 +105,7 @@ def node_cost(info: VmInfo, client: tpu_api.TpuApi, now: datetime.datetime) -> N
     )
 
 
-def report(costs: Sequence[NodeCost], out: TextIO) -> None:
+def report(costs: Sequence[NodeCost], out: TextIO, always_on: Sequence[AlwaysOn] = ()) -> None:
     """One line per VM, then the totals."""
     for c in costs:
         head = f"{c.role} VM {c.vm}: {c.state}"
@@ -108,13 +125,20 @@ def report(costs: Sequence[NodeCost], out: TextIO) -> None:
         if c.so_far_usd is not None and c.hours is not None:
             line += f"; up {c.hours:.1f} h, about ${c.so_far_usd:,.2f} so far"
         print(line, file=out)
+    for vm in always_on:
+        print(
+            f"{vm.label}: always on, about ${vm.hourly_usd:,.3f}/h "
+            f"(${vm.monthly_usd:,.2f}/month, the stack's estimate)",
+            file=out,
+        )
     running = [c for c in costs if c.billing and c.hourly_usd is not None]
-    hourly = sum(c.hourly_usd or 0.0 for c in running)
+    hourly = sum(c.hourly_usd or 0.0 for c in running) + sum(vm.hourly_usd for vm in always_on)
     so_far = sum(c.so_far_usd or 0.0 for c in running)
     upper = any(c.provisioning != "on-demand" for c in running)
     print(
-        f"now: ${hourly:,.2f}/h for {len(running)} running VM(s); about ${so_far:,.2f} since they "
-        f"were created{' (an upper bound: spot/preemptible priced on demand)' if upper else ''}; "
+        f"now: ${hourly:,.2f}/h for {len(running) + len(always_on)} running VM(s); about "
+        f"${so_far:,.2f} since the TPU VMs were created"
+        f"{' (an upper bound: spot/preemptible priced on demand)' if upper else ''}; "
         "estimates from the catalog's prices, the billing report is exact",
         file=out,
     )
@@ -126,8 +150,9 @@ def run(
     *,
     client: tpu_api.TpuApi,
     now: datetime.datetime | None = None,
+    always_on: Sequence[AlwaysOn] = (),
 ) -> int:
     """Prices every VM of the stack; 0."""
     moment = now or datetime.datetime.now(datetime.UTC)
-    report([node_cost(info, client, moment) for info in infos], out)
+    report([node_cost(info, client, moment) for info in infos], out, always_on)
     return 0

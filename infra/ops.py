@@ -389,6 +389,18 @@ def main(
     raise AssertionError(f"unhandled command {args.command}")  # argparse restricts the choices
 
 
+def _controller_cost(outputs: dict[str, Any]) -> list[cost.AlwaysOn]:
+    """The recovery controller, when the stack declares one (its exported monthly estimate)."""
+    controller = outputs.get("recoveryController")
+    if not isinstance(controller, dict):
+        return []
+    monthly = controller.get("estimatedMonthlyUsd")
+    total = monthly.get("total") if isinstance(monthly, dict) else None
+    if not isinstance(total, int | float):
+        return []
+    return [cost.AlwaysOn(f"recovery controller VM {controller.get('vm', '?')}", float(total))]
+
+
 def _cost(
     outputs: dict[str, Any], out: TextIO, tpu_client_factory: Callable[[], Any] | None
 ) -> int:
@@ -397,15 +409,16 @@ def _cost(
     released = release_message(outputs)
     if released is not None:
         print(f"train VM: {released}; not billed", file=out)
-        if not roles:
-            print("now: $0.00/h for 0 running VM(s)", file=out)
-            return 0
-    if not roles:
+    elif not roles:
         raise OpsError("the stack has no 'deployments' output: run `pulumi up` first")
+    always_on = _controller_cost(outputs)
+    if not roles:
+        cost.report([], out, always_on)
+        return 0
     infos = [vm_info(outputs, role, require_hosts=False) for role in roles]
     client = tpu_api.client(tpu_client_factory)
     try:
-        return cost.run(infos, out, client=client)
+        return cost.run(infos, out, client=client, always_on=always_on)
     except Exception as exc:
         raise OpsError(f"cannot read the TPU nodes: {errors.exception_line(exc)}") from exc
 

@@ -64,12 +64,9 @@ def _outputs(tmp_path: pathlib.Path, *roles: str) -> str:
 
 
 def test_running_vms_are_priced_and_summed():
-    infos = [
-        ops.vm_info(json.loads(json.dumps({"deployments": {r: {
-            "vm": f"gemma4-{r}", "project": "p", "zone": "z", "ssh_user": "u"}}})), r,
-            require_hosts=False)
-        for r in ("train", "serve")
-    ]  # fmt: skip
+    record = {"project": "p", "zone": "z", "ssh_user": "u"}
+    outputs = {"deployments": {r: {**record, "vm": f"gemma4-{r}"} for r in ("train", "serve")}}
+    infos = [ops.vm_info(outputs, r, require_hosts=False) for r in ("train", "serve")]
     client = FakeTpu(
         {
             "gemma4-train": _node("READY", "v5p-8", 2.5, spot=True),
@@ -90,7 +87,7 @@ def test_running_vms_are_priced_and_summed():
     )
     assert lines[2].startswith(
         f"now: ${v5p + v6e:,.2f}/h for 2 running VM(s); about ${v5p * 2.5 + v6e:,.2f} since "
-        "they were created (an upper bound"
+        "the TPU VMs were created (an upper bound"
     )
 
 
@@ -98,8 +95,9 @@ def test_running_vms_are_priced_and_summed():
 def test_a_node_that_is_not_ready_is_not_billed(tmp_path, capsys, state):
     tpu = FakeTpu({"gemma4-train": _node(state, "v5p-8", 3)})
     out = io.StringIO()
-    code = ops.main(["--outputs", _outputs(tmp_path, "train"), "cost"], out=out,
-                    tpu_client_factory=tpu)  # fmt: skip
+    code = ops.main(
+        ["--outputs", _outputs(tmp_path, "train"), "cost"], out=out, tpu_client_factory=tpu
+    )
     assert code == 0
     assert out.getvalue().splitlines()[0] == (
         f"train VM gemma4-train: {state}; not billed now ($0.00/h)"
@@ -134,8 +132,9 @@ def test_a_released_training_vm_is_reported_by_status_cost_and_recover(tmp_path,
         "marker": "gs://b/checkpoints/codev-r1/released.json",
     }
     path = tmp_path / "outputs.json"
-    path.write_text(json.dumps({"trainNode": "gemma4-train", "trainReleased": released,
-                                "deployments": {}}))  # fmt: skip
+    path.write_text(
+        json.dumps({"trainNode": "gemma4-train", "trainReleased": released, "deployments": {}})
+    )
     out = io.StringIO()
     assert ops.main(["--outputs", str(path), "status"], out=out) == 0
     assert out.getvalue() == (
@@ -145,7 +144,41 @@ def test_a_released_training_vm_is_reported_by_status_cost_and_recover(tmp_path,
     )
     out = io.StringIO()
     assert ops.main(["--outputs", str(path), "cost"], out=out, tpu_client_factory=FakeTpu({})) == 0
-    assert out.getvalue().splitlines()[-1] == "now: $0.00/h for 0 running VM(s)"
+    assert out.getvalue().splitlines()[-1].startswith("now: $0.00/h for 0 running VM(s);")
     capsys.readouterr()
     assert ops.main(["--outputs", str(path), "recover", "-y"], out=io.StringIO()) == 2
     assert capsys.readouterr().err.startswith("error: the training VM gemma4-train was released")
+
+
+def test_the_recovery_controller_is_counted_as_always_on(tmp_path):
+    """It runs all the time, TPU or not: its hourly share of the stack's monthly estimate is in
+    "now" even after the training VM has been released."""
+    outputs = json.loads(pathlib.Path(_outputs(tmp_path, "train")).read_text())
+    outputs["recoveryController"] = {
+        "vm": "gemma4-recover",
+        "estimatedMonthlyUsd": {"machine": 6.13, "total": 10.3},
+    }
+    path = tmp_path / "with-controller.json"
+    path.write_text(json.dumps(outputs))
+    tpu = FakeTpu({"gemma4-train": _node("READY", "v5p-8", 1.0)})
+    out = io.StringIO()
+    assert ops.main(["--outputs", str(path), "cost"], out=out, tpu_client_factory=tpu) == 0
+    v5p = catalog.accelerator("v5p-8").hourly_usd
+    lines = out.getvalue().splitlines()
+    assert lines[1] == (
+        "recovery controller VM gemma4-recover: always on, about $0.014/h ($10.30/month, the "
+        "stack's estimate)"
+    )
+    assert lines[2].startswith(f"now: ${v5p + 10.3 / 730:,.2f}/h for 2 running VM(s); about $")
+
+    outputs["deployments"] = {}
+    outputs["trainReleased"] = {
+        "run_name": "r1",
+        "node": "gemma4-train",
+        "released_at": "2026-11-25T03:00:00Z",
+        "marker": "gs://b/m",
+    }
+    path.write_text(json.dumps(outputs))
+    out = io.StringIO()
+    assert ops.main(["--outputs", str(path), "cost"], out=out, tpu_client_factory=FakeTpu({})) == 0
+    assert out.getvalue().splitlines()[-1].startswith("now: $0.01/h for 1 running VM(s);")
