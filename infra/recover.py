@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import pathlib
 import sys
 import threading
 import time
@@ -235,6 +236,26 @@ def run_finished(target: Target) -> str | None:
     return path if storage.exists(path) else None
 
 
+def source_changed(uri: str, local: str) -> Callable[[], str | None]:
+    """A check that names the change once the archive at `uri` is no longer the `local` copy.
+
+    The whole archive is read (a few hundred kB, from the bucket in the controller's region):
+    simpler than trusting a hash the two filesystems may not both offer.
+    """
+    from workloads import storage  # lazy: gcsfs only on the controller
+
+    def check() -> str | None:
+        try:
+            current = pathlib.Path(local).read_bytes()
+        except FileNotFoundError:
+            current = b""
+        if storage.read_bytes(uri) == current:
+            return None
+        return f"a new source was uploaded to {uri}"
+
+    return check
+
+
 def watch(
     target: Target,
     client: tpu_api.TpuApi,
@@ -246,12 +267,15 @@ def watch(
     max_recoveries: int = DEFAULT_MAX_RECOVERIES,
     sleep: Callable[[float], None] = time.sleep,
     finished: Callable[[Target], str | None] = run_finished,
+    outdated: Callable[[], str | None] | None = None,
 ) -> int:
     """Checks every `interval_s` seconds, one line per check, recreating the node when needed.
 
     A failed `pulumi up` (no capacity, a locked stack) is printed and retried at the next check;
     it counts as a recovery. Returns 0 when the training run's train_summary.json exists (the
-    serving VM has no end: stop it with Ctrl-C).
+    serving VM has no end: stop it with Ctrl-C), or when `outdated` names a reason to start
+    again (the controller's source changed): asked between checks only, never during a
+    `pulumi up`, so stopping there leaves no half-done update behind.
 
     Raises:
         OpsError: the node needs recovery once more than `max_recoveries` allow, MAX_FAILED_CHECKS
@@ -268,8 +292,9 @@ def watch(
     )
     while True:
         try:
-            done = finished(target)
-            state = None if done else node_state(client, target)
+            stale = outdated() if outdated else None
+            done = None if stale else finished(target)
+            state = None if stale or done else node_state(client, target)
         except Exception as exc:  # a transient API or GCS problem: try again next time
             failures += 1
             text = str(exc) if isinstance(exc, OpsError) else errors.exception_line(exc)
@@ -278,6 +303,9 @@ def watch(
             print(f"{_stamp()} check failed ({failures}/{MAX_FAILED_CHECKS}): {text}", file=out)
         else:
             failures = 0
+            if stale:
+                print(f"{_stamp()} {stale}; stopping the watch to start again on it", file=out)
+                return 0
             if done:
                 print(f"{_stamp()} training finished ({done}); stopping the watch", file=out)
                 return 0
@@ -333,6 +361,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-y", "--yes", action="store_true", help="recreate without asking (needed without a TTY)"
     )
+    parser.add_argument(
+        "--until-new-source",
+        nargs=2,
+        metavar=("URI", "FILE"),
+        help="with --watch: stop (exit 0) between checks once the archive at URI differs from "
+        "FILE (the recovery controller's service then starts again on the new source)",
+    )
 
 
 def run(
@@ -360,6 +395,8 @@ def run(
             "refusing to --watch without --yes when stdin is not a terminal "
             "(nobody could confirm a recovery): pass --yes"
         )
+    if args.until_new_source and not args.watch:
+        raise OpsError("--until-new-source: only with --watch")
     client = tpu_api.client(tpu_client_factory)
     if args.watch:
         return watch(
@@ -371,6 +408,7 @@ def run(
             interval_s=args.interval,
             max_recoveries=args.max_recoveries,
             sleep=sleep,
+            outdated=source_changed(*args.until_new_source) if args.until_new_source else None,
         )
     recover_once(target, client, confirm, out, stack=args.stack)
     return 0

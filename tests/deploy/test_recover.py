@@ -345,3 +345,32 @@ def test_the_cli_entry_point_runs_the_ops_module(cli, tmp_path: pathlib.Path) ->
     )
     assert (proc.returncode, proc.stderr) == (2, "error: --interval -1: must be > 0 seconds\n")
     assert proc.stdout == ""
+
+
+def test_watch_ends_between_checks_when_a_new_source_is_uploaded(cli, tmp_path) -> None:
+    """The recovery controller's service starts again on the source a later `pulumi up`
+    uploaded; the watch ends only between checks, never inside a recovery."""
+    uploaded, installed = tmp_path / "uploaded.tar.gz", tmp_path / "installed.tar.gz"
+    uploaded.write_bytes(b"source 1")
+    installed.write_bytes(b"source 1")
+    tpu = FakeTpu("READY", "PREEMPTED", "READY")
+    naps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) == 2:  # the user's `pulumi up` uploads a new archive after the recovery
+            uploaded.write_bytes(b"source 2")
+
+    argv = ["recover", "--watch", "-y", "--until-new-source", str(uploaded), str(installed)]
+    code, out = _run(argv, tpu, sleep=sleep)
+    assert code == 0
+    assert len(tpu.calls) == 2 and len(naps) == 2
+    assert len([c for c in cli.calls() if c[0] == "up"]) == 1
+    assert out.splitlines()[-1].split(" ", 1)[1] == (
+        f"a new source was uploaded to {uploaded}; stopping the watch to start again on it"
+    )
+
+
+def test_until_new_source_needs_watch(cli) -> None:
+    with pytest.raises(ops.OpsError, match=r"^--until-new-source: only with --watch$"):
+        _run(["recover", "-y", "--until-new-source", "a", "b"], FakeTpu("READY"))

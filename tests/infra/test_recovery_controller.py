@@ -316,7 +316,10 @@ def test_the_service_wrapper_installs_the_source_reads_its_secrets_and_runs_reco
     lines = calls.read_text().splitlines()
     assert lines[0].startswith("gcloud storage cp --quiet gs://acme-gemma4-dev-us-central1/")
     assert any("-e src[infra]" in line for line in lines)
-    assert lines[-4] == "python -m infra.ops --stack dev recover --watch --yes --interval 90"
+    assert lines[-4] == (
+        "python -m infra.ops --stack dev recover --watch --yes --interval 90 --until-new-source "
+        f"gs://acme-gemma4-dev-us-central1/recovery/source-dev.tar.gz {app}/source.tar.gz"
+    )
     assert lines[-3] == f"PULUMI_BACKEND_URL={BACKEND}"
     assert lines[-2] == f"PULUMI_CONFIG_PASSPHRASE={PASSPHRASE}"
     assert lines[-1] == f"cwd={app}/src"
