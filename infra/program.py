@@ -149,7 +149,7 @@ def build(
     ssh_keys: str,
     stack: str,
     released: dict[str, Any] | None = None,
-    recovery_secrets: tuple[Any, Any] | None = None,
+    recovery_secrets: stack_config.RecoverySecrets | None = None,
 ) -> StackResources:
     """Declares every component of a validated config.
 
@@ -160,7 +160,7 @@ def build(
         stack: the Pulumi stack name (a label).
         released: the run's release record (infra.release_record): the training node and its
             deployment are left out.
-        recovery_secrets: (SSH key, passphrase or None) for the recovery controller
+        recovery_secrets: the recovery controller's SSH key, passphrase or KMS key
             (stack_config.load_recovery_secrets); required when recovery.enabled.
     """
     labels = base_labels(cfg, stack)
@@ -232,7 +232,6 @@ def build(
     if cfg.recovery.enabled:
         if recovery_secrets is None:
             raise ValueError("recovery.enabled: build() needs recovery_secrets")
-        ssh_key, passphrase = recovery_secrets
         controller = recovery_mod.RecoveryController(
             "recover",
             recovery_mod.RecoveryArgs(
@@ -246,9 +245,10 @@ def build(
                 backend_url=str(cfg.recovery.backend_url),
                 training_bucket=training_bucket.name,
                 vm_service_account=account.account.name,
-                ssh_key=ssh_key,
+                ssh_key=recovery_secrets.ssh_key,
                 ssh_key_file=str(cfg.ssh.private_key_file),
-                passphrase=passphrase,
+                passphrase=recovery_secrets.passphrase,
+                kms_key=recovery_secrets.kms_key,
                 interval_s=cfg.recovery.interval_seconds,
                 labels=labels,
             ),
@@ -446,7 +446,9 @@ def run() -> StackResources:
     """
     try:
         cfg, token = stack_config.load_stack_config()
-        recovery_secrets = stack_config.load_recovery_secrets(cfg)
+        recovery_secrets = stack_config.load_recovery_secrets(
+            cfg, stack_config.secrets_provider(pulumi.get_stack())
+        )
         ssh_keys = resolve_ssh_keys(cfg)
     except config_mod.ConfigError as exc:
         lines = "\n".join(f"  {p}" for p in exc.problems)

@@ -10,8 +10,9 @@ Compute Engine VM is the simplest thing that holds a long-running watch with a P
 Least privilege: its own service account with a custom role holding only the Cloud TPU
 permissions a node's create/replace needs (project-wide: Cloud TPU has no per-node IAM), the
 right to attach the VMs' service account to the new node, object access on the state bucket,
-read access on the training bucket, and access to its two secrets (the stack's secrets
-passphrase, when the stack uses one, and the SSH key the deployment uses). Its fixed external
+read access on the training bucket, and access to its secrets (the SSH key the deployment uses,
+and the stack's secrets passphrase when the stack uses one; a stack whose secrets provider is a
+gcpkms:// key grants it the use of that one key instead). Its fixed external
 address is added to the SSH firewall rule so its `pulumi up` can redeploy onto the new workers.
 """
 
@@ -74,6 +75,8 @@ class RecoveryArgs:
     """ssh.privateKeyFile (under ~/): where the program on the controller finds the key."""
     passphrase: pulumi.Input[str] | None
     """The stack's secrets passphrase (a Pulumi secret), or None for a KMS secrets provider."""
+    kms_key: str | None
+    """The gcpkms:// secrets provider's key (projects/.../cryptoKeys/...), or None."""
     interval_s: int
     labels: dict[str, str]
     source_dir: pathlib.Path = source_archive.ROOT
@@ -201,6 +204,18 @@ class RecoveryController(pulumi.ComponentResource):
             secret("passphrase", args.passphrase) if args.passphrase is not None else None
         )
         self.grants += [ssh_secret] + ([passphrase_secret] if passphrase_secret else [])
+        if args.kms_key is not None:
+            # Pulumi's gcpkms secrets manager unwraps the stack's data key with this key on every
+            # operation; encrypt too, for the CLI's re-wrapping of that data key. This key only.
+            self.grants.append(
+                gcp.kms.CryptoKeyIAMMember(
+                    f"{name}-kms",
+                    crypto_key_id=args.kms_key,
+                    role="roles/cloudkms.cryptoKeyEncrypterDecrypter",
+                    member=member,
+                    opts=child,
+                )
+            )
 
         archive = source_archive.write_archive(args.stack, args.archive_dir, args.source_dir)
         object_name = f"recovery/source-{args.stack}.tar.gz"

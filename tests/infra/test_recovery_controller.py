@@ -203,8 +203,22 @@ def test_the_source_it_runs_is_this_checkout(rec, tmp_path: pathlib.Path) -> Non
             None,
             "recovery.zone: 'central': a zone such as us-central1-a, or unset",
         ),
+        (
+            _mapping(),
+            {"recoverySshKey": SSH_KEY},
+            "recoveryPassphrase: not set: the stack's secrets use a passphrase, which the "
+            "controller needs",
+        ),
     ],
-    ids=["no-key", "not-gcs", "no-backend", "key-outside-home", "no-public-key", "bad-zone"],
+    ids=[
+        "no-key",
+        "not-gcs",
+        "no-backend",
+        "key-outside-home",
+        "no-public-key",
+        "bad-zone",
+        "no-passphrase",
+    ],
 )
 def test_a_controller_that_cannot_work_is_refused_with_one_line(mapping, secrets, expected) -> None:
     recording = pulumi_mocks.Recording()
@@ -218,6 +232,58 @@ def test_a_controller_that_cannot_work_is_refused_with_one_line(mapping, secrets
         )
     assert any(line.strip().startswith(expected) for line in str(info.value).splitlines())
     assert recording.resources == []
+
+
+KMS_KEY = "projects/acme/locations/global/keyRings/pulumi/cryptoKeys/gemma4-dev"
+KMS_IAM = "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember"
+
+
+def test_a_stack_whose_secrets_use_a_kms_key_grants_that_key_and_needs_no_passphrase(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(stack_config, "secrets_provider", lambda _stack: f"gcpkms://{KMS_KEY}")
+    rec = _run(_mapping(), secrets={"recoverySshKey": SSH_KEY})
+    cfg = stack_config.parse_stack_config(_mapping())
+    (grant,) = rec.of_type(KMS_IAM)
+    assert grant.inputs == {
+        "cryptoKeyId": KMS_KEY,
+        "role": "roles/cloudkms.cryptoKeyEncrypterDecrypter",
+        "member": f"serviceAccount:{cfg.name_prefix}-recover@{cfg.project}.iam.gserviceaccount.com",
+    }
+    secret_ids = sorted(r.inputs["secretId"] for r in rec.of_type(SECRET))
+    assert not any(i.endswith("-recover-passphrase") for i in secret_ids)
+    script = rec.one(INSTANCE).inputs["metadata"]["startup-script"]
+    assert "readonly PASSPHRASE_SECRET=''" in script
+
+
+def test_a_secrets_provider_the_controller_cannot_reach_is_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    provider = "awskms://alias/pulumi?region=us-east-1"
+    monkeypatch.setattr(stack_config, "secrets_provider", lambda _stack: provider)
+    recording = pulumi_mocks.Recording()
+    with pytest.raises(pulumi.RunError) as info:
+        secrets = {"recoverySshKey": SSH_KEY, "recoveryPassphrase": "x"}
+        pulumi_mocks.run_program(
+            "dev", _mapping(), hf_token=TOKEN, recording=recording, secrets=secrets
+        )
+    problems = str(info.value).splitlines()[1:]
+    assert [p.strip() for p in problems] == [
+        f"recovery.enabled: the stack's secrets provider {provider!r} is out of the controller's "
+        "reach: it works with a passphrase or a gcpkms:// key "
+        "(`pulumi stack change-secrets-provider`)"
+    ]
+    assert recording.resources == []
+
+
+def test_the_secrets_provider_is_read_from_the_stack_file(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "Pulumi.kms.yaml").write_text(
+        f"secretsprovider: gcpkms://{KMS_KEY}\nencryptedkey: CiQA\nconfig: {{}}\n"
+    )
+    (tmp_path / "Pulumi.pass.yaml").write_text("encryptionsalt: v1:abc\nconfig: {}\n")
+    assert stack_config.secrets_provider("kms", tmp_path) == f"gcpkms://{KMS_KEY}"
+    assert stack_config.secrets_provider("pass", tmp_path) == "passphrase"
+    assert stack_config.secrets_provider("missing", tmp_path) == "passphrase"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,6 +329,7 @@ def test_the_service_wrapper_installs_the_source_reads_its_secrets_and_runs_reco
         ssh_key="unused",
         ssh_key_file="~/.ssh/id_ed25519",
         passphrase="unused",
+        kms_key=None,
         interval_s=90,
         labels={},
     )
