@@ -47,6 +47,10 @@ NODE_GONE = ("PREEMPTED", "TERMINATED")
 UPDATABLE = ("description", "labels", "metadata", "tags")
 # Labels that say a node belongs to this stack (an existing node without them is not adopted).
 OWNER_LABELS = ("app", "stack")
+# The label placement puts on every node it creates or updates. A node of this stack without it
+# was made by the stack's earlier gcp.tpu.V2Vm resource, which deletes it again at the end of the
+# same `pulumi up`: adopting it would leave the stack pointing at a node that is gone.
+PLACED_BY = {"placed-by": "gemma4-tpu-node"}
 
 
 class PlacementError(Exception):
@@ -151,6 +155,16 @@ def _owned(node: Mapping[str, Any], owner: Mapping[str, str]) -> bool:
     return all(labels.get(k) == owner.get(k) for k in OWNER_LABELS)
 
 
+def marked(node: Mapping[str, Any]) -> dict[str, Any]:
+    """The node spec with PLACED_BY among its labels (what create and update send)."""
+    return {**node, "labels": {**(node.get("labels") or {}), **PLACED_BY}}
+
+
+def _placed_by_us(node: Mapping[str, Any]) -> bool:
+    labels = node.get("labels") or {}
+    return all(labels.get(k) == v for k, v in PLACED_BY.items())
+
+
 def _owner_of(request: Request) -> dict[str, str]:
     labels = request.node.get("labels") or {}
     return {k: str(labels.get(k, "")) for k in OWNER_LABELS}
@@ -181,6 +195,16 @@ def find_existing(api: PlacementApi, request: Request, say: Say) -> Placement | 
             say(f"{zone}: {request.node_id} is {state}; deleting it to create a new one")
             remove(api, request.node_name(zone), queued)
             continue
+        if not _placed_by_us(node):
+            (key, value), node_id = next(iter(PLACED_BY.items())), request.node_id
+            raise PlacementError(
+                f"TPU node {node_id} in {zone} is this stack's but has no label {key}={value}: "
+                "the stack's earlier gcp.tpu.V2Vm resource made it and would delete it at the end "
+                "of this `pulumi up`. To keep it: `pulumi state delete --target-dependents "
+                f"'<URN of the V2Vm>'`, then `gcloud compute tpus tpu-vm update {node_id} "
+                f"--zone {zone} --update-labels {key}={value}`; or, between runs, delete it first: "
+                "`pulumi destroy --target '<URN of the V2Vm>' --target-dependents`"
+            )
         say(f"{zone}: {request.node_id} exists ({state}); keeping it")
         return Placement(zone, node, queued, adopted=True)
     return None
@@ -211,7 +235,7 @@ def place(
     for zone in request.zones:
         try:
             if request.queue is None:
-                api.create_node(request.parent(zone), request.node_id, request.node)
+                api.create_node(request.parent(zone), request.node_id, marked(request.node))
                 queued = None
             else:
                 _queue_in(api, request, zone, say, sleep, clock, poll_s, report_every_s)
@@ -304,7 +328,7 @@ def queued_body(request: Request, zone: str) -> dict[str, Any]:
                 {
                     "parent": request.parent(zone),
                     "node_id": request.node_id,
-                    "node": dict(request.node),
+                    "node": marked(request.node),
                 }
             ]
         },
@@ -328,7 +352,7 @@ def update(
     if unknown:
         raise ValueError(f"fields {unknown} cannot change in place (only {', '.join(UPDATABLE)})")
     if fields:
-        api.update_node(node_name, node, list(fields))
+        api.update_node(node_name, marked(node), list(fields))
 
 
 def external_ips(node: Mapping[str, Any]) -> list[str]:

@@ -149,7 +149,8 @@ def test_a_stockout_and_a_quota_refusal_move_the_node_to_the_next_zone():
     api = FakeTpu(refuse={"us-central1-a": STOCKOUT, "us-east5-a": QUOTA}, leave_half_made=True)
     placement, said, _ = _place(api, _request())
     assert placement.zone == "europe-west4-b"
-    assert placement.node["labels"] == OWNER and not placement.adopted
+    assert placement.node["labels"] == {**OWNER, **tpu_placement.PLACED_BY}
+    assert not placement.adopted
     assert tpu_placement.external_ips(placement.node) == ["203.0.113.9"]
     assert [r.split(":")[0] for r in placement.refusals] == ["us-central1-a", "us-east5-a"]
     assert "ResourceExhausted" in placement.refusals[0] and "Quota limit" in placement.refusals[1]
@@ -179,11 +180,48 @@ def test_an_error_that_is_not_about_capacity_stops_at_the_first_zone():
 
 def test_the_stacks_node_is_kept_where_an_earlier_failover_put_it():
     api = FakeTpu()
-    api._node("projects/p/locations/us-east5-a/nodes/gemma4-train", NODE, None)
+    api._node(
+        "projects/p/locations/us-east5-a/nodes/gemma4-train", tpu_placement.marked(NODE), None
+    )
     placement, said, _ = _place(api, _request())
     assert (placement.zone, placement.adopted) == ("us-east5-a", True)
     assert not any(c[0].startswith("create") for c in api.calls)
     assert said == ["us-east5-a: gemma4-train exists (READY); keeping it"]
+
+
+def test_a_node_the_earlier_v2vm_resource_made_is_not_adopted():
+    """The upgrade from gcp.tpu.V2Vm: the old resource deletes its node at the end of the same
+    `pulumi up`, so adopting it would leave the stack pointing at nothing. One line says how to
+    keep the node or clear it first; nothing is created or deleted."""
+    api = FakeTpu()
+    name = "projects/p/locations/us-central1-a/nodes/gemma4-train"
+    api._node(name, NODE, None)  # this stack's labels, no placed-by label
+    with pytest.raises(tpu_placement.PlacementError) as info:
+        _place(api, _request())
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(
+        "TPU node gemma4-train in us-central1-a is this stack's but has no label "
+        "placed-by=gemma4-tpu-node: the stack's earlier gcp.tpu.V2Vm resource made it"
+    )
+    assert (
+        "gcloud compute tpus tpu-vm update gemma4-train --zone us-central1-a --update-labels "
+        "placed-by=gemma4-tpu-node" in message
+    )
+    assert api.calls == [] and name in api.nodes
+
+    # Labelled as the message says (after `pulumi state delete` of the V2Vm): adopted.
+    api.nodes[name]["labels"] = tpu_placement.marked(NODE)["labels"]
+    placement, _, _ = _place(api, _request())
+    assert (placement.zone, placement.adopted) == ("us-central1-a", True)
+
+
+def test_updates_keep_the_placed_by_label():
+    api = FakeTpu()
+    placement, _, _ = _place(api, _request())
+    name = _request().node_name(placement.zone)
+    tpu_placement.update(api, name, {**NODE, "labels": {**OWNER, "run": "r2"}}, ["labels"])
+    assert api.nodes[name]["labels"] == {**OWNER, "run": "r2", **tpu_placement.PLACED_BY}
 
 
 def test_a_preempted_node_is_deleted_and_created_again_in_the_first_zone():
@@ -249,7 +287,7 @@ def test_a_queued_request_waits_with_progress_lines_then_fails_over_when_the_que
     body = tpu_placement.queued_body(request, "us-east5-a")
     assert body["spot"] == {} and "guaranteed" not in body
     assert body["queueing_policy"] == {"valid_until_duration": {"seconds": 6 * 3600}}
-    assert body["tpu"]["node_spec"][0]["node"] == NODE
+    assert body["tpu"]["node_spec"][0]["node"] == tpu_placement.marked(NODE)
 
 
 def test_a_queue_that_never_moves_is_given_up_after_its_validity_window():
