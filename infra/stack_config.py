@@ -16,7 +16,7 @@ from typing import Any
 
 import pydantic
 
-from infra import validation
+from infra import source_archive, validation
 from infra.config import (
     HF_TOKEN_KEY,
     PROJECT,
@@ -189,8 +189,6 @@ def secrets_provider(stack: str, root: pathlib.Path | None = None) -> str:
     (`secretsprovider`); a stack file without one uses a passphrase (the self-managed backends'
     default, recorded as `encryptionsalt`)."""
     import yaml
-
-    from infra import source_archive
 
     path = (root or source_archive.ROOT) / source_archive.stack_file(stack)
     try:
