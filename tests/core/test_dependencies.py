@@ -1,7 +1,8 @@
 """Declared dependencies are the imported ones: every third-party import of `workloads` and
 `infra` comes from a distribution pyproject.toml declares, and every declared runtime dependency
 is imported somewhere (or is a documented runtime plugin). Also: `workloads` never imports
-`infra` (the VMs get `workloads` alone), and neither package has an import cycle, lazy or not.
+`infra` (the VMs get `workloads` alone), neither package has an import cycle, lazy or not, and
+the infra extra alone (the recovery controller's install) runs the program and `infra.ops`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import functools
 import importlib.metadata
 import pathlib
 import re
+import subprocess
 import sys
 import tomllib
 
@@ -189,3 +191,52 @@ def test_constraints_pin_every_declared_package_at_the_version_installed_here():
     for requirement in (*startup.train_requirements()[1:], *startup.serve_requirements()):
         name, _, version = requirement.partition("==")
         assert pins[_name(name)] == version, requirement
+
+
+# What the recovery controller (and a laptop that only runs `pulumi up`) installs: the core and
+# the infra extra, never the training stack. These must start without it.
+INFRA_ONLY_MODULES = (
+    "infra.program",
+    "infra.ops",
+    "infra.recover",
+    "infra.cost",
+    "infra.preflight",
+    "workloads.train.metrics",  # recover reads the run's train_summary.json through it
+)
+
+
+def _workloads_only_modules() -> list[str]:
+    """Top-level modules of the distributions only the workloads extra brings."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    infra_side = {_name(r) for r in project["dependencies"]}
+    infra_side |= {_name(r) for r in project["optional-dependencies"]["infra"]}
+    only = {_name(r) for r in project["optional-dependencies"]["workloads"]} - infra_side
+    modules = {
+        module
+        for module, dists in importlib.metadata.packages_distributions().items()
+        if any(_name(d) in only for d in dists) and module.isidentifier()
+    }
+    assert {"jax", "flax", "numpy", "safetensors"} <= modules  # the mapping found them
+    return sorted(modules)
+
+
+def test_the_infra_extra_alone_runs_the_program_and_the_operator_commands():
+    blocked = _workloads_only_modules()
+    script = f"""
+import importlib, importlib.abc, sys
+BLOCKED = set({blocked!r})
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"{{name}} (only the workloads extra installs it)")
+sys.meta_path.insert(0, Absent())
+for module in {INFRA_ONLY_MODULES!r}:
+    importlib.import_module(module)
+from infra import ops
+sys.exit(ops.main(["recover", "--help"]))
+"""
+    run = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "--until-new-source" in run.stdout
