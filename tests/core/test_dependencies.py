@@ -232,6 +232,18 @@ class Absent(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Absent())
 for module in {INFRA_ONLY_MODULES!r}:
     importlib.import_module(module)
+# The whole program, as the controller's `pulumi up` runs it (under mocks here).
+from tests.fixtures import pulumi_mocks
+for stack in ("dev", "prod"):
+    recording = pulumi_mocks.run_program(
+        stack, pulumi_mocks.stack_file_config(stack), hf_token="hf_x"
+    )
+    assert recording.resources, stack
+mapping = pulumi_mocks.stack_file_config("dev")
+mapping["recovery"] = {{"enabled": True, "backendUrl": "gs://acme-state"}}
+secrets = {{"recoverySshKey": "k", "recoveryPassphrase": "p"}}
+recording = pulumi_mocks.run_program("dev", mapping, hf_token="hf_x", secrets=secrets)
+assert recording.of_type("gcp:compute/instance:Instance")
 from infra import ops
 sys.exit(ops.main(["recover", "--help"]))
 """
