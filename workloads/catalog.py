@@ -453,8 +453,9 @@ STATIC_IP_IN_USE_HOURLY_USD = 0.005
 SECRET_VERSION_MONTH_USD = 0.06
 
 
-def controller_monthly_usd(machine_type: str, disk_gb: int) -> dict[str, float]:
-    """The controller's monthly cost by part (machine, disk, address, secrets), USD.
+def controller_monthly_usd(machine_type: str, disk_gb: int, secrets: int = 2) -> dict[str, float]:
+    """The controller's monthly cost by part (machine, disk, address, `secrets` secret versions),
+    USD.
 
     Raises:
         KeyError: a machine type without a price here.
@@ -469,5 +470,5 @@ def controller_monthly_usd(machine_type: str, disk_gb: int) -> dict[str, float]:
         "machine": round(hourly * HOURS_PER_MONTH, 2),
         "disk": round(disk_gb * STANDARD_DISK_GB_MONTH_USD, 2),
         "address": round(STATIC_IP_IN_USE_HOURLY_USD * HOURS_PER_MONTH, 2),
-        "secrets": round(2 * SECRET_VERSION_MONTH_USD, 2),
+        "secrets": round(secrets * SECRET_VERSION_MONTH_USD, 2),
     }

@@ -100,9 +100,9 @@ def key_path_on_controller(ssh_key_file: str) -> str:
     return f"{RUN_HOME}/{ssh_key_file[2:]}"
 
 
-def monthly_usd(machine_type: str) -> dict[str, float]:
+def monthly_usd(machine_type: str, secrets: int) -> dict[str, float]:
     """The controller's estimated monthly cost from the catalog's list prices."""
-    parts = catalog.controller_monthly_usd(machine_type, DISK_GB)
+    parts = catalog.controller_monthly_usd(machine_type, DISK_GB, secrets)
     return {**parts, "total": round(sum(parts.values()), 2)}
 
 
@@ -285,6 +285,8 @@ class RecoveryController(pulumi.ComponentResource):
             "serviceAccount": self.account.email,
             "logsCommand": f"gcloud compute ssh {args.prefix}-recover --zone {args.zone} "
             "-- journalctl -u gemma4-recover -f",
-            "estimatedMonthlyUsd": monthly_usd(args.machine_type),
+            "estimatedMonthlyUsd": monthly_usd(
+                args.machine_type, 1 if passphrase_secret is None else 2
+            ),
         }
         self.register_outputs({"address": self.address})

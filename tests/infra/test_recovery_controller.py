@@ -254,6 +254,9 @@ def test_a_stack_whose_secrets_use_a_kms_key_grants_that_key_and_needs_no_passph
     assert not any(i.endswith("-recover-passphrase") for i in secret_ids)
     script = rec.one(INSTANCE).inputs["metadata"]["startup-script"]
     assert "readonly PASSPHRASE_SECRET=''" in script
+    # One secret version fewer in the estimate.
+    cost = rec.outputs["recoveryController"]["estimatedMonthlyUsd"]
+    assert cost["secrets"] == 0.06 and cost["total"] == 10.24
 
 
 def test_a_secrets_provider_the_controller_cannot_reach_is_one_line(
