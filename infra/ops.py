@@ -356,6 +356,7 @@ def main(
         if args.command == "cost":
             return _cost(load_outputs(args.stack, args.outputs), out, tpu_client_factory)
         outputs = load_outputs(args.stack, args.outputs)
+        watcher = _controller_line(outputs) if args.command == "status" else None
         try:
             info = vm_info(outputs, args.vm)
         except Released as exc:
@@ -364,7 +365,10 @@ def main(
             print(f"{args.vm} VM: {exc}", file=out)  # the run's normal end, not an error
             return 0
         if args.command == "status":
-            return status(info, out, tpu_client_factory=tpu_client_factory)
+            code = status(info, out, tpu_client_factory=tpu_client_factory)
+            if watcher and info.role == "train":
+                print(watcher, file=out)
+            return code
         if args.command == "logs":
             return logs(info, out, follow=args.follow, lines=args.lines)
         if args.command in ("stop", "restart"):
@@ -387,6 +391,19 @@ def main(
     except KeyboardInterrupt:
         return 130
     raise AssertionError(f"unhandled command {args.command}")  # argparse restricts the choices
+
+
+def _controller_line(outputs: dict[str, Any]) -> str | None:
+    """Who recovers the training VM when it is preempted, when the stack has a controller."""
+    controller = outputs.get("recoveryController")
+    if not isinstance(controller, dict):
+        return None
+    where = f" in {controller['zone']}" if controller.get("zone") else ""
+    logs = f"; its log: {controller['logsCommand']}" if controller.get("logsCommand") else ""
+    return (
+        f"  recovered by the controller VM {controller.get('vm', '?')}{where} "
+        f"(recover --watch){logs}"
+    )
 
 
 def _controller_cost(outputs: dict[str, Any]) -> list[cost.AlwaysOn]:

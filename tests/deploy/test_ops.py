@@ -96,6 +96,22 @@ def test_status_shows_tpu_state_units_and_last_step(
     )
     assert f"[gemma4-train w0 {worker.host}] gemma4-merge.service: inactive (dead)" in out
     assert f"last step 42: loss 0.9877 ({run}/metrics.jsonl)" in out
+    assert "recovered by" not in out
+
+    # With a recovery controller, status says who recovers the VM and where its log is.
+    document = json.loads(pathlib.Path(outputs).read_text())
+    document["recoveryController"] = {
+        "vm": "gemma4-recover",
+        "zone": "us-central1-a",
+        "logsCommand": "gcloud compute ssh gemma4-recover -- journalctl -u gemma4-recover -f",
+    }
+    pathlib.Path(outputs).write_text(json.dumps(document))
+    code, out, _ = _main(["--outputs", outputs, "status"], capsys, tpu_client_factory=FakeTpu)
+    assert code == 0
+    assert out.splitlines()[-1] == (
+        "  recovered by the controller VM gemma4-recover in us-central1-a (recover --watch); its "
+        "log: gcloud compute ssh gemma4-recover -- journalctl -u gemma4-recover -f"
+    )
 
 
 def test_the_tpu_state_of_a_queued_node_names_its_queued_resource() -> None:
