@@ -8,10 +8,12 @@ state; the commands take the client as a parameter, so the tests hand them fakes
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from infra.stack_outputs import OpsError
 from workloads.errors import exception_line
+
+T = TypeVar("T")
 
 
 class TpuApi(Protocol):
@@ -61,18 +63,28 @@ def is_not_found(exc: BaseException) -> bool:
     return isinstance(exc, exceptions.NotFound)
 
 
+def unless_gone(call: Callable[[], T]) -> T | None:
+    """What `call` returns, or None when the API says its object does not exist (a read of a
+    deleted node, a delete of what is gone already).
+
+    Raises:
+        Exception: whatever else the API raised (credentials, permissions, network).
+    """
+    try:
+        return call()
+    except Exception as exc:
+        if is_not_found(exc):
+            return None
+        raise
+
+
 def get_node(api: TpuApi, name: str) -> Any | None:
     """The node, or None when it does not exist.
 
     Raises:
         Exception: whatever else the API raised (credentials, permissions, network).
     """
-    try:
-        return api.get_node(name=name)
-    except Exception as exc:
-        if is_not_found(exc):
-            return None
-        raise
+    return unless_gone(lambda: api.get_node(name=name))
 
 
 def queued_state(api: Any, node: Any) -> str | None:
@@ -113,13 +125,8 @@ class GoogleTpuApi:
         return tpu_v2
 
     def get_node(self, name: str) -> dict[str, Any] | None:
-        try:
-            node = self._client.get_node(name=name)
-        except Exception as exc:
-            if is_not_found(exc):
-                return None
-            raise
-        return type(node).to_dict(node, use_integers_for_enums=False)
+        node = get_node(self._client, name)
+        return None if node is None else type(node).to_dict(node, use_integers_for_enums=False)
 
     def create_node(self, parent: str, node_id: str, node: Mapping[str, Any]) -> None:
         tpu = self._types()
@@ -127,11 +134,7 @@ class GoogleTpuApi:
         op.result(timeout=self._timeout_s)
 
     def delete_node(self, name: str) -> None:
-        try:
-            self._client.delete_node(name=name).result(timeout=self._timeout_s)
-        except Exception as exc:
-            if not is_not_found(exc):
-                raise
+        unless_gone(lambda: self._client.delete_node(name=name).result(timeout=self._timeout_s))
 
     def update_node(self, name: str, node: Mapping[str, Any], fields: Sequence[str]) -> None:
         tpu = self._types()
@@ -147,19 +150,14 @@ class GoogleTpuApi:
         op.result(timeout=self._timeout_s)
 
     def queued_state(self, name: str) -> str | None:
-        try:
-            queued = self._client.get_queued_resource(name=name)
-        except Exception as exc:
-            if is_not_found(exc):
-                return None
-            raise
-        return queued.state.state.name
+        queued = unless_gone(lambda: self._client.get_queued_resource(name=name))
+        return None if queued is None else queued.state.state.name
 
     def delete_queued_resource(self, name: str) -> None:
         tpu = self._types()
         request = tpu.DeleteQueuedResourceRequest(name=name, force=True)
-        try:
-            self._client.delete_queued_resource(request=request).result(timeout=self._timeout_s)
-        except Exception as exc:
-            if not is_not_found(exc):
-                raise
+        unless_gone(
+            lambda: self._client.delete_queued_resource(request=request).result(
+                timeout=self._timeout_s
+            )
+        )
