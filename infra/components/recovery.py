@@ -43,7 +43,6 @@ RECOVER_PERMISSIONS = (
     "tpu.queuedResources.get",
     "tpu.queuedResources.list",
 )
-CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 IMAGE = "debian-cloud/debian-12"
 DISK_GB = 10
 # The service user's home on the controller: `~/` in ssh.privateKeyFile means this there.
@@ -268,7 +267,7 @@ class RecoveryController(pulumi.ComponentResource):
             ),
             network_interfaces=[network],
             service_account=gcp.compute.InstanceServiceAccountArgs(
-                email=self.account.email, scopes=[CLOUD_PLATFORM_SCOPE]
+                email=self.account.email, scopes=[sa_mod.CLOUD_PLATFORM_SCOPE]
             ),
             metadata={"startup-script": script, "enable-oslogin": "TRUE"},
             tags=[f"{args.prefix}-recover"],

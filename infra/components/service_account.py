@@ -14,6 +14,8 @@ import pulumi
 import pulumi_gcp as gcp
 
 PROJECT_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter")
+# The OAuth scope every VM of the stack gets with its service account: IAM alone decides.
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 # Never granted project-wide: the basic roles and any administrator role (storage.admin would
 # open every bucket of the project; data access is granted per bucket instead).
 FORBIDDEN_PROJECT_ROLES = ("roles/editor", "roles/owner", "roles/storage.admin")

@@ -9,9 +9,8 @@ from typing import Any
 import pulumi
 
 from infra import tpu_placement
+from infra.components import service_account as sa_mod
 from infra.components import tpu_node
-
-CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +103,7 @@ class TpuVm(pulumi.ComponentResource):
                 "scheduling_config": scheduling_for(args.provisioning),
                 "service_account": {
                     "email": args.service_account_email,
-                    "scope": [CLOUD_PLATFORM_SCOPE],
+                    "scope": [sa_mod.CLOUD_PLATFORM_SCOPE],
                 },
                 "network_config": network,
                 "tags": list(args.tags),
