@@ -393,10 +393,16 @@ def main(
     raise AssertionError(f"unhandled command {args.command}")  # argparse restricts the choices
 
 
+def _controller(outputs: dict[str, Any]) -> dict[str, Any] | None:
+    """The stack's `recoveryController` output, when it declares the recovery controller."""
+    controller = outputs.get("recoveryController")
+    return controller if isinstance(controller, dict) else None
+
+
 def _controller_line(outputs: dict[str, Any]) -> str | None:
     """Who recovers the training VM when it is preempted, when the stack has a controller."""
-    controller = outputs.get("recoveryController")
-    if not isinstance(controller, dict):
+    controller = _controller(outputs)
+    if controller is None:
         return None
     where = f" in {controller['zone']}" if controller.get("zone") else ""
     logs = f"; its log: {controller['logsCommand']}" if controller.get("logsCommand") else ""
@@ -408,8 +414,8 @@ def _controller_line(outputs: dict[str, Any]) -> str | None:
 
 def _controller_cost(outputs: dict[str, Any]) -> list[cost.AlwaysOn]:
     """The recovery controller, when the stack declares one (its exported monthly estimate)."""
-    controller = outputs.get("recoveryController")
-    if not isinstance(controller, dict):
+    controller = _controller(outputs)
+    if controller is None:
         return []
     monthly = controller.get("estimatedMonthlyUsd")
     total = monthly.get("total") if isinstance(monthly, dict) else None

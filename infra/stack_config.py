@@ -188,14 +188,9 @@ def secrets_provider(stack: str, root: pathlib.Path | None = None) -> str:
     """The stack's secrets provider as `pulumi stack init` wrote it into Pulumi.<stack>.yaml
     (`secretsprovider`); a stack file without one uses a passphrase (the self-managed backends'
     default, recorded as `encryptionsalt`)."""
-    import yaml
-
     path = (root or source_archive.ROOT) / source_archive.stack_file(stack)
-    try:
-        document = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        return PASSPHRASE_PROVIDER  # read_stack_file reports an unreadable stack file
-    provider = document.get("secretsprovider") if isinstance(document, dict) else None
+    # An unreadable stack file reads as empty here; read_stack_file reports it.
+    provider = _stack_document(path).get("secretsprovider")
     return str(provider) if provider else PASSPHRASE_PROVIDER
 
 
@@ -279,15 +274,20 @@ def read_stack_file(path: str | pathlib.Path) -> dict[str, Any]:
     }
 
 
-def stack_file_has_hf_token(path: str | pathlib.Path) -> bool:
-    """Whether Pulumi.<stack>.yaml holds the hfToken (as an encrypted `secure:` value or not)."""
+def _stack_document(path: str | pathlib.Path) -> dict[str, Any]:
+    """A Pulumi.<stack>.yaml file as a mapping; empty when it cannot be read or is not one."""
     import yaml
 
     try:
-        document = yaml.safe_load(pathlib.Path(path).read_text()) or {}
+        document = yaml.safe_load(pathlib.Path(path).read_text())
     except (OSError, yaml.YAMLError):
-        return False
-    return f"{PROJECT}:{HF_TOKEN_KEY}" in (document.get("config") or {})
+        return {}
+    return document if isinstance(document, dict) else {}
+
+
+def stack_file_has_hf_token(path: str | pathlib.Path) -> bool:
+    """Whether Pulumi.<stack>.yaml holds the hfToken (as an encrypted `secure:` value or not)."""
+    return f"{PROJECT}:{HF_TOKEN_KEY}" in (_stack_document(path).get("config") or {})
 
 
 def pulumi_config_strings(mapping: dict[str, Any]) -> dict[str, str]:
