@@ -244,12 +244,14 @@ def source_changed(uri: str, local: str) -> Callable[[], str | None]:
     """
     from workloads import storage  # lazy: gcsfs only on the controller
 
+    # The installed copy does not change while the watch runs (the service installs at start).
+    try:
+        installed = pathlib.Path(local).read_bytes()
+    except FileNotFoundError:
+        installed = b""
+
     def check() -> str | None:
-        try:
-            current = pathlib.Path(local).read_bytes()
-        except FileNotFoundError:
-            current = b""
-        if storage.read_bytes(uri) == current:
+        if storage.read_bytes(uri) == installed:
             return None
         return f"a new source was uploaded to {uri}"
 
