@@ -355,10 +355,10 @@ def update(
         api.update_node(node_name, marked(node), list(fields))
 
 
-def external_ips(node: Mapping[str, Any]) -> list[str]:
-    """External IPs of the workers, in worker order."""
+def external_ips(endpoints: Sequence[Mapping[str, Any]] | None) -> list[str]:
+    """External IPs of the workers, in worker order, from a node's network_endpoints."""
     ips = []
-    for endpoint in node.get("network_endpoints") or []:
+    for endpoint in endpoints or []:
         configs = endpoint.get("access_config") or endpoint.get("access_configs") or {}
         if isinstance(configs, list):
             configs = configs[0] if configs else {}
@@ -366,5 +366,5 @@ def external_ips(node: Mapping[str, Any]) -> list[str]:
     return ips
 
 
-def internal_ips(node: Mapping[str, Any]) -> list[str]:
-    return [str(e.get("ip_address") or "") for e in node.get("network_endpoints") or []]
+def internal_ips(endpoints: Sequence[Mapping[str, Any]] | None) -> list[str]:
+    return [str(e.get("ip_address") or "") for e in endpoints or []]

@@ -120,8 +120,8 @@ class TpuVm(pulumi.ComponentResource):
         self.placement = pulumi.Output.all(
             self.node.zone, self.node.queued_resource, self.node.refusals
         ).apply(lambda v: {"zone": v[0], "queuedResource": v[1], "refusedZones": v[2] or []})
-        self.external_ips = self.node.network_endpoints.apply(_external_ips)
-        self.internal_ips = self.node.network_endpoints.apply(_internal_ips)
+        self.external_ips = self.node.network_endpoints.apply(tpu_placement.external_ips)
+        self.internal_ips = self.node.network_endpoints.apply(tpu_placement.internal_ips)
         self.register_outputs(
             {
                 "name": args.node_name,
@@ -130,11 +130,3 @@ class TpuVm(pulumi.ComponentResource):
                 "internal_ips": self.internal_ips,
             }
         )
-
-
-def _external_ips(endpoints: list[dict[str, Any]] | None) -> list[str]:
-    return tpu_placement.external_ips({"network_endpoints": endpoints or []})
-
-
-def _internal_ips(endpoints: list[dict[str, Any]] | None) -> list[str]:
-    return tpu_placement.internal_ips({"network_endpoints": endpoints or []})

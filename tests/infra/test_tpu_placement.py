@@ -151,7 +151,7 @@ def test_a_stockout_and_a_quota_refusal_move_the_node_to_the_next_zone():
     assert placement.zone == "europe-west4-b"
     assert placement.node["labels"] == {**OWNER, **tpu_placement.PLACED_BY}
     assert not placement.adopted
-    assert tpu_placement.external_ips(placement.node) == ["203.0.113.9"]
+    assert tpu_placement.external_ips(placement.node["network_endpoints"]) == ["203.0.113.9"]
     assert [r.split(":")[0] for r in placement.refusals] == ["us-central1-a", "us-east5-a"]
     assert "ResourceExhausted" in placement.refusals[0] and "Quota limit" in placement.refusals[1]
     # The half-made nodes the refused creates left behind are deleted: one slice, one bill.
@@ -409,8 +409,8 @@ def test_the_google_adapter_sends_real_messages_and_reads_nodes_back_as_dicts():
     )
     node = api.get_node("projects/p/locations/us-east5-a/nodes/n")
     assert node is not None and node["state"] == "READY" and node["labels"] == OWNER
-    assert tpu_placement.external_ips(node) == ["203.0.113.9"]
-    assert tpu_placement.internal_ips(node) == ["10.0.0.2"]
+    assert tpu_placement.external_ips(node["network_endpoints"]) == ["203.0.113.9"]
+    assert tpu_placement.internal_ips(node["network_endpoints"]) == ["10.0.0.2"]
 
     request = _request(queue=tpu_placement.Queue(spot=True, valid_for_s=7200))
     api.create_queued_resource(
