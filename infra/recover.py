@@ -29,12 +29,13 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from infra import tpu_api
+from infra.components import tpu_node
 from infra.stack_client import StackClient, StackClientError
 from infra.stack_outputs import OpsError, load_outputs, vm_info
 from workloads import errors
 
 HELP = "recreate a preempted spot/preemptible TPU VM (pulumi up --replace); the job resumes"
-TPU_NODE_TYPE = "pulumi-python:dynamic/gemma4:TpuNode"
+TPU_NODE_TYPE = tpu_node.TYPE
 # Node states after which nothing brings the node back: it has to be deleted and created again.
 NEEDS_RECOVERY = frozenset({"PREEMPTED", "TERMINATED", "NOT_FOUND"})
 DEFAULT_INTERVAL_S = 120.0

@@ -163,7 +163,12 @@ class TpuNodeProvider(pulumi.dynamic.ResourceProvider):
         return pulumi.dynamic.ReadResult(id_, outs)
 
 
-class TpuNode(pulumi.dynamic.Resource, module="gemma4", name="TpuNode"):
+MODULE, NAME = "gemma4", "TpuNode"
+TYPE = f"pulumi-python:dynamic/{MODULE}:{NAME}"
+"""TpuNode's type in a stack's state (what `infra.ops recover` looks for)."""
+
+
+class TpuNode(pulumi.dynamic.Resource, module=MODULE, name=NAME):
     """One TPU node placed in the first zone of `zones` with capacity.
 
     Outputs:
