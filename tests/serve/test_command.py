@@ -235,3 +235,31 @@ def test_hub_model_skips_staging(tmp_path, fake_docker, free_port, monkeypatch):
     run_call = fake_docker.calls()[1]
     assert "HF_TOKEN" in run_call and not any("hf_not_in_any_argv" in a for a in run_call)
     assert not (tmp_path / "staged").exists()
+
+
+def test_a_stop_signal_in_the_middle_of_a_wait_ends_the_wait(monkeypatch):
+    """SIGTERM's handler runs on the main thread between bytecodes, possibly inside the wait the
+    serve loop is in. It must end that wait: with threading.Event, set() in the handler could
+    block forever on the lock the interrupted wait() held, and serve ignored the stop (seen as
+    a rare hang of test_sigterm_is_forwarded_to_the_container)."""
+    before = signal.getsignal(signal.SIGTERM)
+    with command.stop_signals() as stop:
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler)
+        real_sleep = time.sleep
+
+        def signal_lands_here(seconds: float) -> None:
+            handler(signal.SIGTERM, None)  # what the interpreter runs when SIGTERM arrives now
+            real_sleep(seconds)
+
+        monkeypatch.setattr(command.time, "sleep", signal_lands_here)
+        started = time.monotonic()
+        assert stop.wait(5) is True
+        assert time.monotonic() - started < 1
+        monkeypatch.undo()
+
+    with command.stop_signals() as stop:
+        assert not stop.wait(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)  # a real one, delivered to this process
+        assert stop.wait(5) is True and stop.is_set()
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -155,23 +155,52 @@ class Container:
             return self._proc.wait()
 
 
+class StopFlag:
+    """A stop request a signal handler can set: the threading.Event interface (set, is_set,
+    wait) without its lock. A handler runs on the main thread between bytecodes; if that thread
+    was inside Event.wait() holding the event's (non-reentrant) lock, Event.set() in the handler
+    waits for that lock forever: the serve command then ignored SIGTERM. set() here only stores
+    a flag, and wait() naps in short steps that a signal cuts short."""
+
+    _STEP_S = 0.05
+
+    def __init__(self) -> None:
+        self._requested = False
+
+    def set(self) -> None:
+        self._requested = True
+
+    def is_set(self) -> bool:
+        return self._requested
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once set; False when `timeout` seconds passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._requested:
+            left = self._STEP_S if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(left, self._STEP_S))
+        return True
+
+
 @contextlib.contextmanager
-def stop_signals() -> Iterator[threading.Event]:
-    """An event set by SIGTERM or SIGINT while inside the block (main thread only)."""
-    event = threading.Event()
+def stop_signals() -> Iterator[StopFlag]:
+    """A flag set by SIGTERM or SIGINT while inside the block (main thread only)."""
+    flag = StopFlag()
     previous = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, lambda signum, frame: event.set())
+            previous[sig] = signal.signal(sig, lambda signum, frame: flag.set())
     try:
-        yield event
+        yield flag
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
 def prepare_model(
-    serve: runconfig.ServeSection, source: argv_lib.ModelSource, stop: threading.Event
+    serve: runconfig.ServeSection, source: argv_lib.ModelSource, stop: StopFlag | threading.Event
 ) -> bool:
     """Waits for, stages and verifies the weights. False when stopped while waiting."""
     if source.from_hub:
@@ -264,7 +293,7 @@ def run(serve: runconfig.ServeSection, *, docker: str = "docker") -> int:
 
 
 def _serve_until_stopped(
-    serve: runconfig.ServeSection, container: Container, stop: threading.Event
+    serve: runconfig.ServeSection, container: Container, stop: StopFlag | threading.Event
 ) -> int:
     url = argv_lib.local_url(serve)
     start = time.monotonic()
