@@ -274,7 +274,7 @@ def _compile_check(stack: str, cfg: config_mod.StackConfig, depths: tuple[int, .
             stack,
             cfg,
             compile_fn=compile_check.compile_depth(cfg),
-            depths=depths or (*compile_check.FIT_DEPTHS, compile_check.HOLDOUT_DEPTH),
+            depths=depths or compile_check.DEPTHS,
         )
     except errors.UserError as exc:
         print(f"compile-check: FAILED: {exc}")
