@@ -10,12 +10,14 @@ only the mount namespace, not file permissions, keeps the design away from them.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import re
 import secrets
 import shutil
 import stat
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -356,3 +358,34 @@ def test_a_sandbox_that_cannot_start_is_refused(monkeypatch, tmp_path):
 
 def _rest(box: sandbox.Sandbox) -> tuple[object, ...]:
     return (box.read_only, box.drop_privileges)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
+def test_the_unprivileged_path_holds_too(bait):
+    """What the eval unit does on the VM (a dynamic, unprivileged user): bwrap makes a user
+    namespace itself. Run here as uid 4321: the design reads and writes only its directory."""
+    box = dataclasses.replace(sandbox.current(), drop_privileges=())
+    sample = bait / "sample"  # in /tmp, where uid 4321 can reach it
+    sample.mkdir()
+    os.chown(sample, 4321, 4321)
+    (sample / "s.sv").write_text(
+        "module tb; integer r, w, m; reg [8*64-1:0] line;\n"
+        '  initial begin r = $fopen("/etc/passwd", "r"); '
+        f'w = $fopen("{bait}/pwned.txt", "w"); m = $fopen("mine.txt", "w");\n'
+        '    $display("read=%0d write=%0d mine=%0d", r != 0, w != 0, m != 0); end\nendmodule\n'
+    )
+    become = ["setpriv", "--reuid=4321", "--regid=4321", "--clear-groups", "--"]
+    env = {"PATH": "/usr/bin:/bin"}
+    for argv in (["iverilog", "-o", "sim", "s.sv"], ["vvp", "-n", "sim"]):
+        ran = subprocess.run(
+            become + box.command(argv, str(sample)),
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+            timeout=30,
+        )
+        assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == "read=0 write=0 mine=1"
+    assert (sample / "mine.txt").stat().st_uid == 4321
+    assert sorted(p.name for p in bait.iterdir()) == ["sample", "secret.txt"]

@@ -34,6 +34,7 @@ import glob
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Sequence
 
 from workloads import errors
@@ -120,15 +121,17 @@ def _shared_libraries(binaries: Sequence[str]) -> set[str]:
     if ldd is None:
         raise errors.UserError("ldd not found on PATH; install libc-bin")
     libraries: set[str] = set()
-    for binary in binaries:
-        listed = subprocess.run(
-            [ldd, binary], capture_output=True, text=True, check=False, timeout=60
-        )
-        for line in listed.stdout.splitlines():
-            # "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or "/lib64/ld-linux... (0x...)"
-            words = line.split()
-            candidates = words[2:3] if "=>" in words else words[:1]
-            libraries.update(w for w in candidates if w.startswith("/"))
+    # One ldd for all: it heads each binary's list with "path:" when given several.
+    listed = subprocess.run(
+        [ldd, *binaries], capture_output=True, text=True, check=False, timeout=120
+    )
+    for line in listed.stdout.splitlines():
+        if not line.startswith(("\t", " ")):
+            continue  # a binary's own "path:" line
+        # "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or "/lib64/ld-linux... (0x...)"
+        words = line.split()
+        candidates = words[2:3] if "=>" in words else words[:1]
+        libraries.update(w for w in candidates if w.startswith("/"))
     return libraries
 
 
@@ -207,8 +210,7 @@ def require() -> None:
     """Raises errors.UserError, in one line naming what to install or allow, unless a tool
     really runs in the sandbox on this machine (checked once per process)."""
     box = current()
-    probe_dir = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"sandbox-probe-{os.getpid()}")
-    os.makedirs(probe_dir, exist_ok=True)
+    probe_dir = tempfile.mkdtemp(prefix="sandbox-probe-")
     try:
         box.prepare(probe_dir)
         ran = subprocess.run(
