@@ -269,6 +269,13 @@ RUNAWAY = {
     + f"  assign y = {MAJORITY};\n  integer f;\n"
     + '  initial begin f = $fopen("big.txt", "w"); forever $fdisplay(f, "%0128d", 1); end\n'
     + "endmodule\n",
+    # Files under the size limit each, without end: the directory's budget stops it.
+    "writes many files": HEADER
+    + f"  assign y = {MAJORITY};\n  integer f, i, j;\n  reg [8*16-1:0] name;\n"
+    + "  initial for (i = 0; 1; i = i + 1) begin\n"
+    + '    $sformat(name, "f%0d.txt", i);\n    f = $fopen(name, "w");\n'
+    + '    for (j = 0; j < 4096; j = j + 1) $fdisplay(f, "%0127d", j);\n'
+    + "    $fclose(f);\n  end\nendmodule\n",
     # A simulation-time memory bomb: the address-space limit stops it.
     "allocates a huge memory": HEADER
     + f"  assign y = {MAJORITY};\n  reg [31:0] mem [0:(1<<28)-1];\n  integer i;\n"
@@ -291,6 +298,7 @@ RUNAWAY = {
 
 RUNAWAY_VERDICTS = {
     "fills the disk": ("A", "the simulator was killed by signal 25 SIGXFSZ"),
+    "writes many files": ("O", "the simulation wrote over 2097152 bytes of files"),
     "allocates a huge memory": (
         "A",
         "the simulator was killed by signal 6 SIGABRT",
@@ -306,7 +314,11 @@ RUNAWAY_VERDICTS = {
 def test_runaway_designs_end_promptly(majority, tmp_path, monkeypatch, no_textual_check, name):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     limits = judge.Limits(
-        timeout_s=2, output_bytes=64 * 1024, file_bytes=1 << 20, memory_bytes=512 << 20
+        timeout_s=2,
+        output_bytes=64 * 1024,
+        file_bytes=1 << 20,
+        memory_bytes=512 << 20,
+        directory_bytes=2 << 20,
     )
     verdict = _judge(RUNAWAY[name], majority, limits)
     assert (verdict.status, verdict.reason) == RUNAWAY_VERDICTS[name]

@@ -82,6 +82,7 @@ _FORBIDDEN_RE = re.compile(
     r"test\$plusargs)\b|`include\b|Mismatches"
 )
 _LOG_TAIL_CHARS = 2000
+_DISK_CHECK_S = 0.2
 # Scratch files of the preprocessing check, removed before the testbench joins the sample.
 _PREPROCESSED = "sample.preprocessed.sv"
 _DEPS = "sample.includes"
@@ -149,12 +150,15 @@ class Limits:
         output_bytes: bytes of stdout+stderr read per step before the process group is killed.
         file_bytes: largest file a step may write (RLIMIT_FSIZE; the testbench's wave.vcd).
         memory_bytes: address space per process (RLIMIT_AS); 0 = unlimited.
+        directory_bytes: all files of the sample's directory together, checked every
+            _DISK_CHECK_S while a step runs (a design that writes many files is killed).
     """
 
     timeout_s: float = 60.0
     output_bytes: int = 1 << 20
     file_bytes: int = 256 << 20
     memory_bytes: int = 4 << 30
+    directory_bytes: int = 512 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,6 +207,7 @@ class _Output:
     text: str
     timed_out: bool
     overflowed: bool
+    disk_full: bool = False  # overflowed by the files in its directory, not its output
 
 
 def require_tools() -> None:
@@ -270,16 +275,23 @@ def _run(argv: Sequence[str], cwd: str, limits: Limits) -> _Output:
     assert proc.stdout is not None  # stdout=PIPE
     deadline = time.monotonic() + limits.timeout_s
     data = bytearray()
-    timed_out = overflowed = False
+    timed_out = overflowed = disk_full = False
     fd = proc.stdout.fileno()
+    next_disk_check = 0.0
     with selectors.DefaultSelector() as selector:
         selector.register(fd, selectors.EVENT_READ)
         while True:
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = deadline - now
             if remaining <= 0:
                 timed_out = True
                 break
-            if not selector.select(remaining):
+            if now >= next_disk_check:
+                if _directory_bytes(cwd) > limits.directory_bytes:
+                    overflowed = disk_full = True
+                    break
+                next_disk_check = now + _DISK_CHECK_S
+            if not selector.select(min(remaining, _DISK_CHECK_S)):
                 continue
             chunk = os.read(fd, 1 << 16)
             if not chunk:
@@ -298,8 +310,21 @@ def _run(argv: Sequence[str], cwd: str, limits: Limits) -> _Output:
     proc.wait()
     proc.stdout.close()
     text = bytes(data[: limits.output_bytes]).decode("utf-8", errors="replace")
+    if not (timed_out or overflowed) and _directory_bytes(cwd) > limits.directory_bytes:
+        overflowed = disk_full = True  # grew past the budget after the last check
     returncode = None if (timed_out or overflowed) else _tool_status(proc.returncode)
-    return _Output(returncode, text, timed_out, overflowed)
+    return _Output(returncode, text, timed_out, overflowed, disk_full)
+
+
+def _directory_bytes(path: str) -> int:
+    """Bytes in the regular files directly in path (the sandbox cannot make subdirectories:
+    Verilog has no mkdir), counted as allocated blocks so sparse files count what they use."""
+    total = 0
+    with contextlib.suppress(OSError), os.scandir(path) as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                total += entry.stat(follow_symlinks=False).st_blocks * 512
+    return total
 
 
 def _tool_status(sandbox_status: int) -> int:
@@ -553,6 +578,10 @@ def _simulate(
         if compile_ok:
             simulated = _run(["vvp", "-n", "sim"], workdir, limits)
             log += simulated.text
+            if simulated.disk_full:
+                return done(
+                    "O", f"the simulation wrote over {limits.directory_bytes} bytes of files", log
+                )
             if simulated.overflowed:
                 return done("O", f"simulation output over {limits.output_bytes} bytes", log)
             if simulated.timed_out:
