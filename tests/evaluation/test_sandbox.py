@@ -289,6 +289,11 @@ RUNAWAY = {
     # Output as fast as the simulator can print.
     "prints without end": vs.HOSTILE["huge_output"],
     "loops at time 0": vs.HOSTILE["infinite_loop"],
+    # Macros that double 30 times: 16 GiB of preprocessed text.
+    "macro bomb": "`define A0 xxxxxxxxxxxxxxxx\n"
+    + "".join(f"`define A{i + 1} `A{i} `A{i}\n" for i in range(30))
+    + HEADER
+    + "  wire z = `A30;\nendmodule\n",
     # A macro that expands to itself forever, and a file that includes itself.
     "recursive macro": "`define LOOP `LOOP `LOOP\n"
     + HEADER
@@ -307,6 +312,7 @@ RUNAWAY_VERDICTS = {
     "prints without end": ("O", "simulation output over 65536 bytes"),
     "loops at time 0": ("T", "timeout: TIMEOUT"),
     "recursive macro": ("S", "syntax error: sample.sv:4: syntax error"),
+    "macro bomb": ("O", "preprocessing ran past the size limits (1048576 bytes out)"),
 }
 
 

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from workloads import catalog, errors, logs, runconfig, storage
-from workloads.evaluation import extract, judge, passk, problems, prompting, sampling
+from workloads.evaluation import extract, judge, passk, problems, prompting, sampling, sandbox
 
 LOG = logs.get("eval")
 
@@ -215,7 +215,10 @@ def main(args: argparse.Namespace) -> int:
             None if "error" in s else extract.extract_code(s.get("text")) for s in samples[p.name]
         ]
 
-    LOG.info(f"judging {sum(len(v) for v in extractions.values())} samples with iverilog")
+    LOG.info(
+        f"judging {sum(len(v) for v in extractions.values())} samples with iverilog in the "
+        f"bubblewrap sandbox (uid {sandbox.SANDBOX_UID}, no network)"
+    )
     started = time.monotonic()
     references, verdicts = judge.judge_all(
         items,

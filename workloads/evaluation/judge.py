@@ -32,8 +32,9 @@ Generated Verilog is untrusted code. Every iverilog and vvp run happens inside a
 sandbox (sandbox.py: bubblewrap; an unprivileged uid, no network, nothing of the host readable
 but the tools' own files, only the sample's private directory writable), never through a shell,
 with stdin closed, its own process group (killed as a whole on timeout), CPU-time, file-size,
-address-space and core-dump limits, and its output read up to a cap. Without a working sandbox
-nothing runs (errors.UserError naming what to install).
+address-space, open-file and core-dump limits, a byte budget for all the files of its directory,
+and its output read up to a cap. Without a working sandbox nothing runs (errors.UserError naming
+what to install).
 
 On top of that, to keep the verdicts honest: the design is first preprocessed alone (`iverilog -E`,
 in the sandbox, in a directory holding nothing but the design), and the sample is refused (`F`)
@@ -490,10 +491,13 @@ def _refusal(workdir: str, limits: Limits) -> tuple[str, str, str] | None:
         if included or missing:
             name = missing.group(1) if missing else included[0].removeprefix("./")
             return "F", f"refused before compiling: includes {name[:200]}", ran.text
+        preprocessed = os.path.join(workdir, _PREPROCESSED)
+        size = os.path.getsize(preprocessed) if os.path.exists(preprocessed) else 0
+        if size > _PREPROCESSED_CAP or (ran.returncode or 0) < 0:  # a macro bomb
+            return "O", f"preprocessing ran past the size limits ({size} bytes out)", ran.text
         if ran.returncode != 0:
             return None  # the compile step reports the preprocessor's error the official way
-        text = _read_capped(os.path.join(workdir, _PREPROCESSED), _PREPROCESSED_CAP)
-        forbidden = _FORBIDDEN_RE.search(text)
+        forbidden = _FORBIDDEN_RE.search(_read_capped(preprocessed, _PREPROCESSED_CAP))
         if forbidden:
             return (
                 "F",
