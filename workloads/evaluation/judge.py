@@ -62,6 +62,7 @@ import secrets
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -492,7 +493,7 @@ def _refusal(workdir: str, limits: Limits) -> tuple[str, str, str] | None:
             name = missing.group(1) if missing else included[0].removeprefix("./")
             return "F", f"refused before compiling: includes {name[:200]}", ran.text
         preprocessed = os.path.join(workdir, _PREPROCESSED)
-        size = os.path.getsize(preprocessed) if os.path.exists(preprocessed) else 0
+        size = os.lstat(preprocessed).st_size if os.path.lexists(preprocessed) else 0
         if size > _PREPROCESSED_CAP or (ran.returncode or 0) < 0:  # a macro bomb
             return "O", f"preprocessing ran past the size limits ({size} bytes out)", ran.text
         if ran.returncode != 0:
@@ -512,12 +513,16 @@ def _refusal(workdir: str, limits: Limits) -> tuple[str, str, str] | None:
 
 
 def _read_capped(path: str, cap: int) -> str:
-    """Up to cap bytes of a file the sandboxed tool wrote ("" when it wrote none)."""
+    """Up to cap bytes of a file the sandboxed tool wrote ("" when it wrote none, or wrote
+    something other than a regular file there: never followed, never waited on)."""
     try:
-        with open(path, "rb") as handle:
-            return handle.read(cap).decode("utf-8", errors="replace")
-    except (FileNotFoundError, IsADirectoryError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
         return ""
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return ""
+        return handle.read(cap).decode("utf-8", errors="replace")
 
 
 def _simulate(
