@@ -177,3 +177,36 @@ def test_every_unit_passes_systemd_analyze_verify(
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "gemma4" not in proc.stderr, proc.stderr  # no warning about our units either
+
+
+def test_the_eval_unit_never_runs_generated_code_as_root() -> None:
+    """The eval compiles and simulates model output: a transient unprivileged user, which reads
+    the root-only run config through a credential, never the file itself."""
+    plan = component.plan_units("serve", make_run_config(serve=True), PROD)
+    service = _parse(plan.units["gemma4-eval.service"])["Service"]
+    assert service["DynamicUser"] == "yes"
+    assert "User" not in service and "Group" not in service
+    assert service["LoadCredential"] == "run.yaml:/etc/gemma4/run.yaml"
+    assert (
+        service["ExecStart"] == "/opt/gemma4/venv/bin/python -m workloads eval --config %d/run.yaml"
+    )
+    assert service["ExecStartPost"].endswith("-m workloads report --config %d/run.yaml")
+    assert "/etc/gemma4/run.yaml" not in service["ExecStart"] + service["ExecStartPost"]
+    assert service["Environment"] == "TMPDIR=/dev/shm PYTHONUNBUFFERED=1"  # writable for it
+
+
+def test_every_serving_unit_that_can_hang_has_a_finite_start_timeout() -> None:
+    cfg = make_run_config(serve=True, stop_after_hours=2)
+    plan = component.plan_units("serve", cfg, PROD)
+    ready_s = cfg.serve.ready_timeout_s
+    timeouts = {
+        name: _parse(text)["Service"].get("TimeoutStartSec")
+        for name, text in plan.units.items()
+        if name.endswith(".service")
+    }
+    assert timeouts == {
+        "gemma4-serve.service": "2h",
+        "gemma4-eval.service": f"{ready_s + 6 * 3600}s",
+        "gemma4-bench.service": f"{ready_s + 12 * 3600}s",
+        "gemma4-serve-stop.service": "10min",
+    }

@@ -191,3 +191,55 @@ def test_the_defaults_are_the_papers():
     section = runconfig.EvalSection(problems_dir="p", results_dir="r")
     assert (section.n, section.temperature, section.top_p) == (5, 0.8, 0.95)
     assert (section.max_tokens, section.sim_timeout_s, section.ks) == (1024, 60, (1, 5))
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (
+            ["--endpoint", "not a url"],
+            "endpoint 'not a url': not an http(s) URL; expected e.g. http://127.0.0.1:8000/v1",
+        ),
+        (["--request-timeout", "-5"], "--request-timeout -5.0: need a number of seconds > 0"),
+        (["--request-timeout", "nan"], "--request-timeout nan: need a number of seconds > 0"),
+        (
+            ["--sim-timeout", "-1"],
+            "--concurrency 16 / --sim-timeout -1.0: need a concurrency >= 1 and a timeout > 0",
+        ),
+        (["--jobs", "0"], "--jobs 0: need at least 1 parallel simulation"),
+    ],
+)
+def test_bad_settings_end_in_one_line(problems_dir, tmp_path, capsys, extra, expected):
+    argv = ["eval", "--problems", problems_dir, "--out", str(tmp_path / "out"), *extra]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(expected) and "\n" not in err, err
+    assert not (tmp_path / "out").exists()  # refused before anything ran
+
+
+def test_without_the_sandbox_eval_refuses_to_judge(
+    openai_server, problems_dir, tmp_path, capsys, monkeypatch
+):
+    """bubblewrap missing: one line naming the package, exit 2, no generated code run."""
+    from workloads.evaluation import sandbox
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("iverilog", "vvp", "setpriv", "ldd"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    monkeypatch.setenv("PATH", str(bin_dir))
+    sandbox.current.cache_clear()
+    sandbox.require.cache_clear()
+    try:
+        argv = ["eval", "--problems", problems_dir, "--endpoint", openai_server.url]
+        assert cli.main([*argv, "--out", str(tmp_path / "out")]) == 2
+    finally:
+        sandbox.current.cache_clear()
+        sandbox.require.cache_clear()
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(
+        "bwrap not found on PATH; generated code runs only inside the sandbox: "
+        "apt-get install bubblewrap"
+    ), err
+    assert "\n" not in err
+    assert openai_server.requests == []  # refused before sampling, too

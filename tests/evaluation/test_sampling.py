@@ -154,3 +154,154 @@ def test_requests_in_flight_are_bounded_by_the_concurrency(openai_server, tmp_pa
     )
     assert sum(len(v) for v in got.values()) == 12
     assert state["peak"] == 3  # parallel, never more than asked
+
+
+class _RawServer:
+    """A TCP server on 127.0.0.1 that answers every connection with `respond(conn)`."""
+
+    def __init__(self, respond):
+        import socket
+
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        self.respond = respond
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        self.sock.settimeout(0.05)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn):
+        with conn:
+            try:
+                conn.recv(65536)  # the request (small enough for one read here)
+                self.respond(conn, self.stop)
+            except OSError:
+                pass
+
+    def close(self):
+        self.stop.set()
+        self.thread.join()
+        self.sock.close()
+
+
+@pytest.fixture
+def raw_server():
+    servers = []
+
+    def make(respond):
+        servers.append(_RawServer(respond))
+        return servers[-1]
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+def _drip(conn, stop):
+    """A 200 with a valid header, then the body one byte every 0.1 s: every single read
+    finishes well within any socket timeout, the whole answer never does."""
+    body = json.dumps({"choices": [{"message": {"content": "x" * 1000}}]}).encode()
+    conn.sendall(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+    )
+    for byte in body:
+        if stop.wait(0.1):
+            return
+        conn.sendall(bytes([byte]))
+
+
+def test_a_dripping_endpoint_hits_the_total_deadline(raw_server):
+    server = raw_server(_drip)
+    client = sampling.ChatClient(server.url, timeout_s=1.0, max_attempts=2, backoff_s=0.001)
+    started = time.monotonic()
+    with pytest.raises(sampling.EndpointError) as caught:
+        client.complete([{"role": "user", "content": "x"}], PARAMS)
+    elapsed = time.monotonic() - started
+    assert elapsed < 2 * 1.0 + 1.5, elapsed  # two attempts of 1 s each, not 100 s of drip
+    message = str(caught.value)
+    assert "still failing after 2 attempts (TimeoutError: no complete answer within 1 s)" in message
+    assert "\n" not in message
+
+
+def test_a_silent_endpoint_hits_the_total_deadline(raw_server):
+    server = raw_server(lambda conn, stop: stop.wait(30))
+    client = sampling.ChatClient(server.url, timeout_s=0.5, max_attempts=1)
+    started = time.monotonic()
+    with pytest.raises(sampling.EndpointError, match=r"within 0\.5 s"):
+        client.models()
+    assert time.monotonic() - started < 2
+
+
+@pytest.mark.parametrize(
+    "body",
+    [bytes(range(256)) * 4, b"\xff\xfe\x00garbage", b"<html>not json</html>", b""],
+    ids=["binary", "bad-utf8", "html", "empty"],
+)
+def test_a_200_that_is_not_json_ends_in_one_line(raw_server, body):
+    def respond(conn, stop):
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+
+    server = raw_server(respond)
+    client = sampling.ChatClient(server.url, timeout_s=5, max_attempts=2, backoff_s=0.001)
+    with pytest.raises(sampling.EndpointError) as caught:
+        client.complete([{"role": "user", "content": "x"}], PARAMS)
+    message = str(caught.value)
+    assert "HTTP 200 but the answer is not JSON" in message
+    assert "\n" not in message and len(message) < 600
+
+
+def test_an_answer_over_the_body_cap_is_refused(raw_server, monkeypatch):
+    monkeypatch.setattr(sampling, "MAX_BODY_BYTES", 1000)
+
+    def respond(conn, stop):
+        body = b"[" + b"1," * 5000 + b"1]"
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+    server = raw_server(respond)
+    client = sampling.ChatClient(server.url, timeout_s=5, max_attempts=1)
+    with pytest.raises(sampling.EndpointError, match="answer over 1000 bytes"):
+        client.models()
+
+
+def test_huge_answers_are_stored_capped(openai_server, tmp_path, monkeypatch):
+    monkeypatch.setattr(sampling, "MAX_STORED_CHARS", 1000)
+    openai_server.answer = lambda body: (
+        "y" * 5000 if "spec of A" in body["messages"][-1]["content"] else "short"
+    )
+    store = sampling.ProgressStore(str(tmp_path))
+    got = sampling.sample_all(_items(["A", "B"]), _client(openai_server), PARAMS, store, n=1)
+    assert (len(got["A"][0]["text"]), got["A"][0]["text_chars"]) == (1000, 5000)
+    assert got["B"][0]["text"] == "short" and "text_chars" not in got["B"][0]
+    saved = json.loads((tmp_path / "samples" / "A.json").read_text())
+    assert saved["samples"][0]["text"] == "y" * 1000
+    assert (tmp_path / "samples" / "A.json").stat().st_size < 5000
+
+
+@pytest.mark.parametrize(
+    "url", ["not a url", "ftp://host/v1", "http://", "http://host:notaport/v1", "127.0.0.1:8000"]
+)
+def test_an_endpoint_that_is_not_an_http_url_is_a_user_error(url):
+    with pytest.raises(errors.UserError) as caught:
+        sampling.ChatClient(url)
+    assert str(caught.value) == (
+        f"endpoint {url!r}: not an http(s) URL; expected e.g. http://127.0.0.1:8000/v1"
+    )
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf")])
+def test_a_request_timeout_that_is_not_positive_is_a_user_error(timeout):
+    with pytest.raises(errors.UserError, match="must be a number of seconds > 0"):
+        sampling.ChatClient("http://127.0.0.1:8000/v1", timeout_s=timeout)

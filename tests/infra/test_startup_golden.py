@@ -104,7 +104,7 @@ def test_what_every_script_does(name):
         assert "/sys/kernel/mm/transparent_hugepage/enabled" in script
         assert "docker pull" in script and "readonly VLLM_IMAGE=vllm/vllm-tpu:" in script
         assert f"readonly VERILOG_EVAL_COMMIT={startup.VERILOG_EVAL_COMMIT}" in script
-        assert "apt_install iverilog git" in script
+        assert "apt_install iverilog bubblewrap git" in script  # eval's sandbox
         assert "gcloud secrets" not in script  # the serving VM never needs the token
 
 

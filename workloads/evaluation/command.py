@@ -12,12 +12,13 @@ import argparse
 import collections
 import datetime
 import json
+import math
 import os
 import time
 from typing import Any
 
 from workloads import catalog, errors, logs, runconfig, storage
-from workloads.evaluation import extract, judge, passk, problems, prompting, sampling
+from workloads.evaluation import extract, judge, passk, problems, prompting, sampling, sandbox
 
 LOG = logs.get("eval")
 
@@ -77,7 +78,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "folded into the user turn, or left out",
     )
     parser.add_argument(
-        "--request-timeout", type=float, default=600.0, help="seconds per request (default 600)"
+        "--request-timeout",
+        type=float,
+        default=600.0,
+        help="total seconds per request, connecting to the answer's last byte (default 600)",
     )
     parser.add_argument(
         "--api-key-env",
@@ -145,8 +149,18 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         raise errors.UserError(
             f"pass@k with k={too_big} needs at least that many samples; n is {settings['n']}"
         )
-    if settings["concurrency"] < 1 or settings["sim_timeout_s"] <= 0:
-        raise errors.UserError("--concurrency must be >= 1 and --sim-timeout > 0")
+    if settings["concurrency"] < 1 or not settings["sim_timeout_s"] > 0:
+        raise errors.UserError(
+            f"--concurrency {settings['concurrency']} / --sim-timeout "
+            f"{settings['sim_timeout_s']}: need a concurrency >= 1 and a timeout > 0"
+        )
+    if not 0 < args.request_timeout < math.inf:  # also refuses nan
+        raise errors.UserError(
+            f"--request-timeout {args.request_timeout}: need a number of seconds > 0"
+        )
+    if args.jobs is not None and args.jobs < 1:
+        raise errors.UserError(f"--jobs {args.jobs}: need at least 1 parallel simulation")
+    sampling.check_endpoint(settings["endpoint"])
     return settings
 
 
@@ -201,7 +215,10 @@ def main(args: argparse.Namespace) -> int:
             None if "error" in s else extract.extract_code(s.get("text")) for s in samples[p.name]
         ]
 
-    LOG.info(f"judging {sum(len(v) for v in extractions.values())} samples with iverilog")
+    LOG.info(
+        f"judging {sum(len(v) for v in extractions.values())} samples with iverilog in the "
+        f"bubblewrap sandbox (uid {sandbox.SANDBOX_UID}, no network)"
+    )
     started = time.monotonic()
     references, verdicts = judge.judge_all(
         items,

@@ -28,14 +28,21 @@ block stopped first.) Further: exactly one verdict line, N > 0 and N equal to wh
 reference solution itself gets (an early `$finish` or `$stop` stops counting: `R`), a zero
 exit status from iverilog, and output under a size cap (`O`).
 
-Generated Verilog is untrusted code. It never passes through a shell; each sample runs in its
-own private temporary directory with stdin closed, a minimal environment, its own process group
-(killed as a whole on timeout), CPU-time, file-size, address-space and core-dump limits, and
-its output read up to a cap. Icarus has no `$system`; file-writing or file-reading system tasks
-and `include are refused before compiling (`F`), as is the literal testbench verdict string:
-these rules apply to sample.sv, what is compiled and run (`include also to the official code,
-which is compiled). Empty code is `X`. Samples run in parallel on a thread pool of
-os.cpu_count() workers (the threads only wait on child processes).
+Generated Verilog is untrusted code. Every iverilog and vvp run happens inside an operating-system
+sandbox (sandbox.py: bubblewrap; an unprivileged uid, no network, nothing of the host readable
+but the tools' own files, only the sample's private directory writable), never through a shell,
+with stdin closed, its own process group (killed as a whole on timeout), CPU-time, file-size,
+address-space, open-file and core-dump limits, a byte budget for all the files of its directory,
+and its output read up to a cap. Without a working sandbox nothing runs (errors.UserError naming
+what to install).
+
+On top of that, to keep the verdicts honest: the design is first preprocessed alone (`iverilog -E`,
+in the sandbox, in a directory holding nothing but the design), and the sample is refused (`F`)
+when that preprocessed text, what the compiler will parse, calls a file-writing or file-reading
+system task or prints the testbench's verdict string, or when the design includes any file
+(`include, however the macros spell it: iverilog's -Minclude list must be empty); `include
+in the official code (compiled, never run) is refused too. Empty code is `X`. Samples run in
+parallel on a thread pool of os.cpu_count() workers (the threads only wait on child processes).
 
 Long on purpose: it reproduces verilog-eval's official judging (its iverilog commands, the
 analyzer's letters, the sandbox limits) in one place, so that the parity tests compare against one
@@ -55,19 +62,21 @@ import secrets
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 
 from workloads import errors
-from workloads.evaluation import extract, problems
+from workloads.evaluation import extract, problems, sandbox
 
 IVERILOG_FLAGS = ("-Wall", "-Winfloop", "-Wno-timescale", "-g2012", "-s", "tb")
 _MISMATCH_RE = re.compile(r"^Mismatches: (\d+) in (\d+) samples( \[testbench [0-9a-f]+\])?$")
 # The format string of verilog-eval's verdict line, as every one of its testbenches spells it.
 VERDICT_FORMAT = '"Mismatches: %1d in %1d samples"'
 _INCLUDE_RE = re.compile(r"`include\b")
+_MISSING_INCLUDE_RE = re.compile(r"Include file (\S+) not found")
 _FORBIDDEN_RE = re.compile(
     r"\$(?:fopen|fclose|fdisplay\w*|fwrite\w*|fstrobe\w*|fmonitor\w*|fputc|fflush|fread|fgets|"
     r"fgetc|fscanf|fseek|rewind|ungetc|readmem\w*|writemem\w*|dumpfile|dumpvars|dumpall|"
@@ -75,6 +84,11 @@ _FORBIDDEN_RE = re.compile(
     r"test\$plusargs)\b|`include\b|Mismatches"
 )
 _LOG_TAIL_CHARS = 2000
+_DISK_CHECK_S = 0.2
+# Scratch files of the preprocessing check, removed before the testbench joins the sample.
+_PREPROCESSED = "sample.preprocessed.sv"
+_DEPS = "sample.includes"
+_PREPROCESSED_CAP = 64 << 20
 # (substring, status) checks of sv-iv-analyze that end the scan, in its order.
 _ANALYZER_RULES: tuple[tuple[str, str], ...] = (
     ("syntax error", "S"),
@@ -138,12 +152,15 @@ class Limits:
         output_bytes: bytes of stdout+stderr read per step before the process group is killed.
         file_bytes: largest file a step may write (RLIMIT_FSIZE; the testbench's wave.vcd).
         memory_bytes: address space per process (RLIMIT_AS); 0 = unlimited.
+        directory_bytes: all files of the sample's directory together, checked every
+            _DISK_CHECK_S while a step runs (a design that writes many files is killed).
     """
 
     timeout_s: float = 60.0
     output_bytes: int = 1 << 20
     file_bytes: int = 256 << 20
     memory_bytes: int = 4 << 30
+    directory_bytes: int = 512 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,16 +209,19 @@ class _Output:
     text: str
     timed_out: bool
     overflowed: bool
+    disk_full: bool = False  # overflowed by the files in its directory, not its output
 
 
 def require_tools() -> None:
-    """Raises errors.UserError unless iverilog and vvp are on PATH."""
+    """Raises errors.UserError unless iverilog and vvp are on PATH and really run inside the
+    sandbox on this machine."""
     missing = [tool for tool in ("iverilog", "vvp") if shutil.which(tool) is None]
     if missing:
         raise errors.UserError(
             f"{' and '.join(missing)} not found on PATH; install Icarus Verilog "
             "(apt-get install iverilog)"
         )
+    sandbox.require()
 
 
 def _clamp(kind: int, value: int) -> tuple[int, int]:
@@ -222,6 +242,8 @@ def _limiter(limits: Limits, timeout_s: float) -> Callable[[], None]:
         (resource.RLIMIT_CPU, (cpu, cpu + 1)),  # SIGXCPU at the soft limit, SIGKILL at the hard
         (resource.RLIMIT_FSIZE, _clamp(resource.RLIMIT_FSIZE, limits.file_bytes)),
         (resource.RLIMIT_CORE, (0, 0)),
+        # The tools need a handful of files; a file that includes itself stops at this depth.
+        (resource.RLIMIT_NOFILE, _clamp(resource.RLIMIT_NOFILE, 64)),
     ]
     if limits.memory_bytes:
         settings.append((resource.RLIMIT_AS, _clamp(resource.RLIMIT_AS, limits.memory_bytes)))
@@ -239,17 +261,12 @@ def _kill_group(pid: int) -> None:
 
 
 def _run(argv: Sequence[str], cwd: str, limits: Limits) -> _Output:
-    """Runs argv in cwd with limits; never raises for what the program does."""
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "LC_ALL": "C",
-        "HOME": cwd,
-        "TMPDIR": cwd,
-    }
+    """Runs argv (an Icarus tool and its arguments) in the sandbox on the directory cwd, with
+    limits; never raises for what the program does (errors.UserError without a sandbox)."""
     proc = subprocess.Popen(
-        list(argv),
+        sandbox.current().command(argv, cwd),
         cwd=cwd,
-        env=env,
+        env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -260,16 +277,23 @@ def _run(argv: Sequence[str], cwd: str, limits: Limits) -> _Output:
     assert proc.stdout is not None  # stdout=PIPE
     deadline = time.monotonic() + limits.timeout_s
     data = bytearray()
-    timed_out = overflowed = False
+    timed_out = overflowed = disk_full = False
     fd = proc.stdout.fileno()
+    next_disk_check = 0.0
     with selectors.DefaultSelector() as selector:
         selector.register(fd, selectors.EVENT_READ)
         while True:
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = deadline - now
             if remaining <= 0:
                 timed_out = True
                 break
-            if not selector.select(remaining):
+            if now >= next_disk_check:
+                if _directory_bytes(cwd) > limits.directory_bytes:
+                    overflowed = disk_full = True
+                    break
+                next_disk_check = now + _DISK_CHECK_S
+            if not selector.select(min(remaining, _DISK_CHECK_S)):
                 continue
             chunk = os.read(fd, 1 << 16)
             if not chunk:
@@ -288,8 +312,30 @@ def _run(argv: Sequence[str], cwd: str, limits: Limits) -> _Output:
     proc.wait()
     proc.stdout.close()
     text = bytes(data[: limits.output_bytes]).decode("utf-8", errors="replace")
-    returncode = None if (timed_out or overflowed) else proc.returncode
-    return _Output(returncode, text, timed_out, overflowed)
+    if not (timed_out or overflowed) and _directory_bytes(cwd) > limits.directory_bytes:
+        overflowed = disk_full = True  # grew past the budget after the last check
+    returncode = None if (timed_out or overflowed) else _tool_status(proc.returncode)
+    return _Output(returncode, text, timed_out, overflowed, disk_full)
+
+
+def _directory_bytes(path: str) -> int:
+    """Bytes in the regular files directly in path (the sandbox cannot make subdirectories:
+    Verilog has no mkdir), counted as allocated blocks so sparse files count what they use."""
+    total = 0
+    with contextlib.suppress(OSError), os.scandir(path) as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                total += entry.stat(follow_symlinks=False).st_blocks * 512
+    return total
+
+
+def _tool_status(sandbox_status: int) -> int:
+    """The tool's exit status as subprocess reports it (negative: killed by that signal);
+    bwrap passes a tool's death by signal N on as exit status 128 + N, the way shells do."""
+    signum = sandbox_status - 128
+    if 0 < signum < 65 and signum in signal.valid_signals():
+        return -signum
+    return sandbox_status
 
 
 def compile_status(log: str, *, compile_ok: bool) -> tuple[str, str] | None:
@@ -427,6 +473,58 @@ def _tagged_testbench(source: str) -> tuple[str, str | None]:
     return source.replace(VERDICT_FORMAT, f'{VERDICT_FORMAT[:-1]} [testbench {tag}]"'), tag
 
 
+def _refusal(workdir: str, limits: Limits) -> tuple[str, str, str] | None:
+    """Preprocesses sample.sv, alone in workdir, in the sandbox, the way the compiler will, and
+    checks what comes out.
+
+    Returns:
+        (status, reason, log) when the sample must not be compiled (T or O when preprocessing
+        itself runs away, F for a forbidden construct), else None. The scratch files are removed.
+    """
+    argv = ["iverilog", "-g2012", "-E", f"-Minclude={_DEPS}", "-o", _PREPROCESSED, "sample.sv"]
+    ran = _run(argv, workdir, limits)
+    try:
+        if ran.timed_out or ran.overflowed:
+            status = "T" if ran.timed_out else "O"
+            return status, f"preprocessing: {STATUS_MEANINGS[status]}", ran.text
+        included = _read_capped(os.path.join(workdir, _DEPS), limits.output_bytes).split()
+        missing = _MISSING_INCLUDE_RE.search(ran.text)
+        if included or missing:
+            name = missing.group(1) if missing else included[0].removeprefix("./")
+            return "F", f"refused before compiling: includes {name[:200]}", ran.text
+        preprocessed = os.path.join(workdir, _PREPROCESSED)
+        size = os.lstat(preprocessed).st_size if os.path.lexists(preprocessed) else 0
+        if size > _PREPROCESSED_CAP or (ran.returncode or 0) < 0:  # a macro bomb
+            return "O", f"preprocessing ran past the size limits ({size} bytes out)", ran.text
+        if ran.returncode != 0:
+            return None  # the compile step reports the preprocessor's error the official way
+        forbidden = _FORBIDDEN_RE.search(_read_capped(preprocessed, _PREPROCESSED_CAP))
+        if forbidden:
+            return (
+                "F",
+                f"refused before compiling: uses {forbidden.group(0)} (after preprocessing)",
+                ran.text,
+            )
+        return None
+    finally:
+        for name in (_DEPS, _PREPROCESSED):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(workdir, name))
+
+
+def _read_capped(path: str, cap: int) -> str:
+    """Up to cap bytes of a file the sandboxed tool wrote ("" when it wrote none, or wrote
+    something other than a regular file there: never followed, never waited on)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return ""
+        return handle.read(cap).decode("utf-8", errors="replace")
+
+
 def _simulate(
     code: str,
     test_path: str,
@@ -447,11 +545,16 @@ def _simulate(
         return _verdict(status, reason, started, expected, log, *counts)
 
     try:
+        sandbox.current().prepare(workdir)
+        with open(os.path.join(workdir, "sample.sv"), "w", encoding="utf-8") as handle:
+            handle.write(code)
+        refused = _refusal(workdir, limits)
+        if refused is not None:
+            return done(*refused)
         with open(test_path, encoding="utf-8") as handle:
             testbench, tag = _tagged_testbench(handle.read())
-        for name, text in (("sample.sv", code), ("test.sv", testbench)):
-            with open(os.path.join(workdir, name), "w", encoding="utf-8") as handle:
-                handle.write(text)
+        with open(os.path.join(workdir, "test.sv"), "w", encoding="utf-8") as handle:
+            handle.write(testbench)
         shutil.copyfile(ref_path, os.path.join(workdir, "ref.sv"))
         if official_code is not None and official_code != code:
             # What the official flow compiles, dropped modules included: parsed, never run.
@@ -484,6 +587,10 @@ def _simulate(
         if compile_ok:
             simulated = _run(["vvp", "-n", "sim"], workdir, limits)
             log += simulated.text
+            if simulated.disk_full:
+                return done(
+                    "O", f"the simulation wrote over {limits.directory_bytes} bytes of files", log
+                )
             if simulated.overflowed:
                 return done("O", f"simulation output over {limits.output_bytes} bytes", log)
             if simulated.timed_out:
@@ -523,7 +630,7 @@ def judge_sample(
     started = time.monotonic()
     if not code.strip():
         return _verdict("X", STATUS_MEANINGS["X"], started, expected_samples)
-    forbidden = _FORBIDDEN_RE.search(code) or _INCLUDE_RE.search(official_code or "")
+    forbidden = _INCLUDE_RE.search(official_code or "")
     if forbidden:
         return _verdict(
             "F", f"refused before compiling: uses {forbidden.group(0)}", started, expected_samples

@@ -1,7 +1,8 @@
 """Samples answers from an OpenAI-compatible `/v1/chat/completions` endpoint (vLLM), resumably.
 
 One request per sample (n=1) so that a failed request costs one sample, with a bounded number
-of requests in flight (threads; the standard library's urllib, no client library). Transient
+of requests in flight (threads; the standard library's http.client, no client library). Each
+request has a total deadline, from connecting to its last byte, and a body size cap. Transient
 failures (connection errors, timeouts, 408/409/425/429/5xx) are retried with exponential
 backoff and jitter, honouring Retry-After; when a request still fails the run stops, since a
 summary over an unreachable endpoint would be a lie. Other 4xx answers (say, a prompt longer
@@ -16,14 +17,17 @@ missing, so a crash or a preemption loses at most the problems in flight.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
+import http.client
 import json
+import math
 import random
+import socket
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,6 +35,11 @@ from workloads import errors, runconfig, storage
 
 TRANSIENT_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 RECORD_VERSION = 1
+# The most of an answer's body read (a bigger one is a broken server: retried, then an error),
+# and of an answer's text stored and judged (1024 tokens are a few KB; a server that ignores
+# max_tokens must not fill the results directory or the judge's memory).
+MAX_BODY_BYTES = 64 << 20
+MAX_STORED_CHARS = 1 << 20
 
 
 class EndpointError(errors.UserError):
@@ -71,7 +80,12 @@ class ChatClient:
         base_url: the API root, e.g. http://127.0.0.1:8000/v1 (a trailing /v1 is added if
             missing).
         api_key: sent as a Bearer token when given (vLLM needs none unless started with one).
-        timeout_s: per-request socket timeout (a 1024-token answer under load takes a while).
+        timeout_s: total deadline of one request, from connecting to the last byte of the
+            answer (a 1024-token answer under load takes a while; a server that drips its
+            answer cannot stretch it).
+
+    Raises:
+        errors.UserError: base_url is not an http(s) URL, or timeout_s is not positive.
         max_attempts: tries per request before giving up on a transient failure.
         backoff_s: first backoff; doubles per attempt, capped at max_backoff_s, with jitter.
     """
@@ -86,7 +100,11 @@ class ChatClient:
         backoff_s: float = 1.0,
         max_backoff_s: float = 60.0,
     ) -> None:
-        base = base_url.rstrip("/")
+        base = check_endpoint(base_url).rstrip("/")
+        if not 0 < timeout_s < math.inf:
+            raise errors.UserError(
+                f"request timeout {timeout_s!r}: must be a number of seconds > 0"
+            )
         self.base_url = base if base.endswith("/v1") else base + "/v1"
         self.api_key = api_key
         self.timeout_s = timeout_s
@@ -107,23 +125,25 @@ class ChatClient:
         last_problem = ""
         for attempt in range(1, self.max_attempts + 1):
             retry_after: float | None = None
-            request = urllib.request.Request(url, data=data, headers=headers, method=method)  # noqa: S310 - http(s) URL from the config
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310
-                    payload = response.read()
-                try:
-                    return json.loads(payload)
-                except json.JSONDecodeError:
-                    last_problem = f"answer is not JSON: {payload[:200]!r}"
-            except urllib.error.HTTPError as exc:
-                detail = exc.read()[:300].decode("utf-8", errors="replace")
-                if exc.code not in TRANSIENT_STATUS:
-                    raise PermanentRequestError(f"HTTP {exc.code} from {url}: {detail}") from None
-                last_problem = f"HTTP {exc.code}: {detail}"
-                retry_after = _retry_after(exc.headers.get("Retry-After"))
-            except (urllib.error.URLError, OSError) as exc:  # refused, reset, DNS, timeout
-                reason = getattr(exc, "reason", exc)
-                last_problem = f"{type(exc).__name__}: {reason}"
+                status, retry_header, payload = _http_call(
+                    method, url, data, headers, self.timeout_s
+                )
+                if 200 <= status < 300:
+                    try:
+                        return json.loads(payload)
+                    except ValueError:  # not JSON, or not even text
+                        last_problem = (
+                            f"HTTP {status} but the answer is not JSON: {payload[:100]!r}"
+                        )
+                else:
+                    detail = payload[:300].decode("utf-8", errors="replace")
+                    if status not in TRANSIENT_STATUS:
+                        raise PermanentRequestError(f"HTTP {status} from {url}: {detail}")
+                    last_problem = f"HTTP {status}: {detail}"
+                    retry_after = _retry_after(retry_header)
+            except (OSError, http.client.HTTPException) as exc:  # refused, reset, DNS, deadline
+                last_problem = f"{type(exc).__name__}: {exc}"
             if attempt < self.max_attempts:
                 delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
                 delay = delay * (0.5 + random.random() / 2)  # noqa: S311 - jitter, not crypto
@@ -131,8 +151,9 @@ class ChatClient:
                     delay = max(delay, min(retry_after, self.max_backoff_s))
                 self._sleep(delay)
         raise EndpointError(
-            f"{url}: still failing after {self.max_attempts} attempts ({last_problem}); is the "
-            "server up? (GET /v1/models answers once vLLM is ready)"
+            f"{url}: still failing after {self.max_attempts} attempts "
+            f"({' '.join(last_problem.split())[:300]}); is the server up? "
+            "(GET /v1/models answers once vLLM is ready)"
         )
 
     def models(self) -> list[str]:
@@ -173,13 +194,90 @@ class ChatClient:
             raise EndpointError(
                 f"{self.base_url}/chat/completions: unexpected answer {str(answer)[:200]}"
             ) from None
+        if not isinstance(text, str):
+            raise EndpointError(
+                f"{self.base_url}/chat/completions: the answer's content is not text: "
+                f"{str(text)[:100]}"
+            )
         usage = answer.get("usage") or {}
+        if not isinstance(usage, dict):
+            usage = {}
         return Completion(
             text=text,
             finish_reason=choice.get("finish_reason"),
             completion_tokens=usage.get("completion_tokens"),
             prompt_tokens=usage.get("prompt_tokens"),
         )
+
+
+def check_endpoint(url: str) -> str:
+    """url when it is an http(s) URL with a host (and a valid port), else errors.UserError."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname)
+        _ = parts.port  # raises ValueError for a port that is not a number in range
+    except ValueError:
+        valid = False
+    if not valid:
+        raise errors.UserError(
+            f"endpoint {url!r}: not an http(s) URL; expected e.g. http://127.0.0.1:8000/v1"
+        )
+    return url
+
+
+def _http_call(
+    method: str, url: str, body: bytes | None, headers: dict[str, str], timeout_s: float
+) -> tuple[int, str | None, bytes]:
+    """One HTTP exchange that ends within timeout_s, whatever the server does.
+
+    A socket timeout only bounds each read: a server that sends a byte a second would hold the
+    request forever. A timer shuts the socket down at the deadline, which ends any blocked read.
+
+    Returns:
+        (status, Retry-After header, body up to MAX_BODY_BYTES).
+
+    Raises:
+        TimeoutError: the deadline passed. OSError, http.client.HTTPException: the exchange
+            failed. http.client.HTTPException also for a body over MAX_BODY_BYTES.
+    """
+    parts = urllib.parse.urlsplit(url)
+    connection_type = (
+        http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    )
+    connection = connection_type(parts.hostname or "", parts.port, timeout=timeout_s)
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        sock = connection.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    timer = threading.Timer(timeout_s, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        connection.request(method, target or "/", body=body, headers=headers)
+        if expired.is_set():
+            raise TimeoutError
+        response = connection.getresponse()
+        payload = bytearray()
+        while chunk := response.read(1 << 16):
+            payload += chunk
+            if len(payload) > MAX_BODY_BYTES:
+                raise http.client.HTTPException(f"answer over {MAX_BODY_BYTES} bytes")
+        if expired.is_set():  # the shutdown made the answer look complete
+            raise TimeoutError
+        return response.status, response.getheader("Retry-After"), bytes(payload)
+    except (OSError, http.client.HTTPException) as exc:
+        if expired.is_set():
+            raise TimeoutError(f"no complete answer within {timeout_s:g} s") from None
+        raise exc
+    finally:
+        timer.cancel()
+        connection.close()
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -262,7 +360,8 @@ def sample_all(
     Returns:
         problem -> its n sample records ({"index", "text", "finish_reason",
         "completion_tokens", "prompt_tokens", "seconds"}, or {"index", "error"} for a request
-        the server rejected), in index order.
+        the server rejected), in index order. A text over MAX_STORED_CHARS is cut there and
+        its record gets "text_chars", the length of the whole answer.
 
     Raises:
         EndpointError: the endpoint stayed unreachable; finished problems are saved.
@@ -299,12 +398,14 @@ def sample_all(
             completion = client.complete(state["messages"], params)
             sample: dict[str, Any] = {
                 "index": index,
-                "text": completion.text,
+                "text": completion.text[:MAX_STORED_CHARS],
                 "finish_reason": completion.finish_reason,
                 "completion_tokens": completion.completion_tokens,
                 "prompt_tokens": completion.prompt_tokens,
                 "seconds": round(time.monotonic() - started, 3),
             }
+            if len(completion.text) > MAX_STORED_CHARS:  # what was cut, for the record
+                sample["text_chars"] = len(completion.text)
         except PermanentRequestError as exc:
             sample = {"index": index, "error": str(exc)}
         except BaseException:

@@ -235,7 +235,7 @@ stage_merged_model() {
 main() {
   begin
   enable_thp
-  apt_install iverilog git
+  apt_install iverilog bubblewrap git
   ensure_python
   ensure_venv
   write_env "GEMMA4_WORKER=$(worker_number)" "GEMMA4_ZONE=$(instance_zone)"
