@@ -67,6 +67,7 @@ def traced_peak(base: pathlib.Path, out: pathlib.Path, deltas) -> int:
             overwrite=False,
             metadata={"step": 1},
             progress=False,
+            workers=1,  # tracemalloc sees this process only
         )
         return tracemalloc.get_traced_memory()[1]
     finally:
