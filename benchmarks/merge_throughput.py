@@ -1,17 +1,28 @@
-"""Merge throughput and peak memory: our streamed merge next to a naive load-everything merge.
+"""Merge throughput against `cp` of the same files, and peak memory against a naive merge.
 
 Builds a synthetic bf16 checkpoint with the REAL Gemma 4 31B layer shapes (workloads.catalog):
 one global layer (k_eq_v, 4 KV heads of 512) and as many sliding-window layers (16 KV heads of
 256) as the size asks for, plus a vision-tower-like set of non-target tensors, written as several
 safetensors shards; and random rank-64 LoRA factors on every target of those layers in an Orbax
-checkpoint laid out exactly as tunix's CheckpointManager writes it. Then it runs, each in its own
-subprocess so that peak RSS is that approach's alone:
+checkpoint laid out exactly as tunix's CheckpointManager writes it. Then, for each worker count
+asked for (and each repeat):
 
-- streamed: `workloads.merge.merge_lora` (restore LoRA, stream shard by shard, sha256, index last);
-- naive: what the paper's recipe does: load every tensor into RAM, add each delta to the whole
-  tensor, write one safetensors file.
+- cp: `cp` of the base's safetensors files to the same scratch directory, then fsync of every copy
+  (the merge fsyncs its shards: both numbers are bytes on stable storage), timed right before
+- streamed: `workloads.merge.merge_lora` with that many worker processes (restore LoRA, then the
+  streaming pass: read, merge, sha256, write, fsync, index last), in its own process so that peak
+  RSS is its alone;
+
+and prints both rates and their ratio (on a shared machine the ratio of two runs taken back to
+back is the number to read; the rates move with the load). Last, once:
+
+- naive: what the paper's recipe does: load every tensor into RAM, add each whole delta to the
+  whole tensor, write one safetensors file; its output is compared byte for byte with the
+  streamed one.
 
 Usage: python benchmarks/merge_throughput.py [--size-gb 3.5] [--shard-size 1GB] [--workdir DIR]
+           [--workers 1,auto] [--repeats 1] [--skip-naive]
+(`taskset -c 0 python benchmarks/...` measures the merge as if the host had one core.)
 """
 
 from __future__ import annotations

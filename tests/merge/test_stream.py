@@ -5,6 +5,7 @@ atomic completion and refusals."""
 import json
 import os
 import pathlib
+import time
 
 import fsspec
 import ml_dtypes
@@ -334,15 +335,47 @@ def test_a_realistic_target_is_bit_identical_to_a_whole_tensor_merge(tmp_path):
         rng.standard_normal((rank, cols), dtype=np.float32) / 8,
         "layers.0.q_einsum",
     )
-    run(
+    stats = run(
         tmp_path / "base",
         tmp_path / "out",
         deltas={Q: delta},
-        shard_size=10**9,
+        shard_size=weight.nbytes + 1024,  # q_proj in one shard, the rest in others
         workers=2,
         block_bytes=cols * 4 * mapping.ROW_BLOCK,  # one delta block per row block: 3 blocks
     )
+    assert stats.workers == 2
     _, merged = read_all(tmp_path / "out")
     naive = (weight.astype(np.float32) + delta.full()).astype(BF16)
     assert merged[Q].tobytes() == naive.tobytes()
     assert np.mean(merged[Q] != weight) > 0.5  # the delta changed most weights
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_finished_shard_is_uploaded_while_the_next_one_is_written(
+    tmp_path, memfs, monkeypatch, workers
+):
+    write_base(tmp_path / "base")
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    upload, overlapped = storage.upload_file, []
+
+    def slow_upload(src, dst):
+        name = pathlib.Path(src).name
+        if name.endswith(".safetensors") and not overlapped:  # the first shard's upload
+            deadline = time.monotonic() + 20
+            others = []
+            while not others and time.monotonic() < deadline:
+                staged = next(staging.glob("merge-staging-*"))
+                others = [p for p in staged.glob("*.safetensors") if p.name != name]
+                time.sleep(0.01)
+            overlapped.append(bool(others))
+        return upload(src, dst)
+
+    monkeypatch.setattr(storage, "upload_file", slow_upload)
+    # One shard per tensor, so that there is a next shard for every worker.
+    run(tmp_path / "base", "memory://out", staging_dir=str(staging), workers=workers, shard_size=1)
+    assert overlapped == [True]
+    local = tmp_path / "local"
+    run(tmp_path / "base", local, shard_size=1)
+    meta = json.loads(memfs.cat_file(f"/out/{stream.METADATA_FILE}"))
+    assert meta["files"] == json.loads((local / stream.METADATA_FILE).read_text())["files"]

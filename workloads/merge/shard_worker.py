@@ -29,7 +29,7 @@ import numpy as np
 from workloads.merge import mapping
 from workloads.merge import safetensors_io as st
 
-BLOCK_BYTES = 64 * 1024 * 1024  # float32 rows of a target tensor processed at once
+BLOCK_BYTES = 16 * 1024 * 1024  # float32 rows of a target processed at once (at least 512 rows)
 COPY_CHUNK = 16 * 1024 * 1024  # raw bytes of a copied tensor moved at once
 
 
