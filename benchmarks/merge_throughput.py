@@ -52,6 +52,18 @@ def peak_rss() -> int:
     return merge.peak_rss_bytes()
 
 
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and of its children that have exited: the
+    merge's worker processes, or `cp`."""
+    import resource
+
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def layer_shapes(spec, layer: int, glob: bool) -> dict[str, tuple[int, ...]]:
     """HF tensors of one decoder layer of the real model (workloads.catalog, HF layout)."""
     h = spec.global_head_dim if glob else spec.head_dim
@@ -223,12 +235,14 @@ def worker_streamed(base: str, run: str, out: str, shard_size: str, workers: int
 
     _import_common()
     idle = peak_rss()
+    cpu = cpu_seconds()
     started = time.monotonic()
     result = merge.merge_lora(
         base, run, out, shard_size=shard_size, progress=False, workers=workers
     )
     return {
         "seconds": time.monotonic() - started,
+        "cpu_seconds": cpu_seconds() - cpu,
         "stream_seconds": result.seconds,
         "peak_rss": peak_rss(),
         "idle_rss": idle,
@@ -291,18 +305,20 @@ def compare_outputs(streamed: pathlib.Path, naive: pathlib.Path) -> tuple[int, f
     return differing, worst
 
 
-def time_cp(base: pathlib.Path, dest: pathlib.Path) -> float:
-    """Seconds for `cp` of the base's safetensors files to `dest`, then fsync of the copies (the
-    merge fsyncs its shards too: both numbers are bytes on stable storage). `dest` is removed."""
+def time_cp(base: pathlib.Path, dest: pathlib.Path) -> tuple[float, float]:
+    """Seconds (wall, CPU) for `cp` of the base's safetensors files to `dest`, then fsync of the
+    copies (the merge fsyncs its shards too: both numbers are bytes on stable storage). `dest` is
+    removed afterwards."""
     files = sorted(str(f) for f in base.glob("*.safetensors"))
     dest.mkdir()
     try:
+        cpu = cpu_seconds()
         started = time.monotonic()
         subprocess.run(["cp", *files, str(dest)], check=True)
         for copy in dest.iterdir():
             with open(copy, "rb") as handle:
                 os.fsync(handle.fileno())
-        return time.monotonic() - started
+        return time.monotonic() - started, cpu_seconds() - cpu
     finally:
         shutil.rmtree(dest)
 
@@ -440,6 +456,7 @@ def main() -> int:
                 "merge GB/s",
                 "merge / cp",
                 "whole merge s",
+                "CPU s/GB merge, cp",
                 "peak RSS GiB (main + per worker)",
             )
         ]
@@ -448,7 +465,7 @@ def main() -> int:
         for repeat in range(args.repeats):
             for count in counts:
                 # cp right before the merge, so both see the same load on a shared machine.
-                cp_seconds = time_cp(workdir / "base", workdir / "cp-copy")
+                cp_seconds, cp_cpu = time_cp(workdir / "base", workdir / "cp-copy")
                 last = run_worker("streamed", workdir, args.shard_size, count, f"-{repeat}")
                 ratio = cp_seconds / last["stream_seconds"]
                 ratios.setdefault(last["workers"], []).append(ratio)
@@ -460,6 +477,7 @@ def main() -> int:
                         f"{gb / last['stream_seconds']:.2f}",
                         f"{100 * ratio:.0f}%",
                         f"{last['seconds']:.1f}",
+                        f"{last['cpu_seconds'] / gb:.2f}, {cp_cpu / gb:.2f}",
                         f"{last['peak_rss'] / 2**30:.2f} + {last['worker_peak_rss'] / 2**30:.2f}",
                     )
                 )
@@ -474,7 +492,8 @@ def main() -> int:
             )
         print(
             "merge GB/s: tensor bytes over the streaming pass (plan, read, merge, sha256, write, "
-            "fsync; the LoRA restore before it is in 'whole merge s')"
+            "fsync; the LoRA restore before it is in 'whole merge s'); CPU s/GB: user + system "
+            "seconds of all the merge's processes (restore included) and of cp, per GB"
         )
         if not args.skip_naive:
             naive = run_worker("naive", workdir, args.shard_size)

@@ -307,7 +307,8 @@ def test_a_failing_worker_process_fails_the_merge_and_leaves_nothing(tmp_path):
     layout = st.read_layout(str(tmp_path / "base"))
     damaged = layout.tensors[Q]  # the base file loses its tail after the headers were read
     os.truncate(tmp_path / "base" / damaged.file, damaged.start + 10)
-    with pytest.raises(errors.UserError, match=rf"{damaged.file}: truncated while reading {Q}"):
+    # Whichever worker reads past the cut first names the file and its tensor.
+    with pytest.raises(errors.UserError, match=rf"{damaged.file}: truncated while reading model\."):
         stream.stream_merge(
             layout,
             some_deltas(),

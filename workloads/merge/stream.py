@@ -324,14 +324,24 @@ def _available_memory() -> int | None:
     return None
 
 
-def default_workers(tasks: list[shard_worker.ShardTask], block_bytes: int) -> int:
+def _worker_bytes(task: shard_worker.ShardTask) -> int:
+    """About what a worker holds for `task`: its LoRA factors and four blocks of rows in float32
+    (read block, sum, and the writer's two buffers)."""
+    factors = sum(d.left.nbytes + d.right.nbytes for d in task.deltas.values())
+    blocks = [
+        shard_worker.block_rows(d.shape[1], d.row_block, task.block_bytes) * d.shape[1] * 4
+        for d in task.deltas.values()
+    ]
+    return factors + 4 * max([task.block_bytes, *blocks])
+
+
+def default_workers(tasks: list[shard_worker.ShardTask]) -> int:
     """One worker per core, no more than there are shards, and no more than half the available
-    memory holds (a worker holds about four blocks and its shard's LoRA factors)."""
+    memory holds."""
     workers = min(host_cores(), len(tasks))
     available = _available_memory()
     if available is not None and tasks:
-        factors = max(sum(d.left.nbytes + d.right.nbytes for d in t.deltas.values()) for t in tasks)
-        workers = min(workers, max(1, available // 2 // (4 * block_bytes + factors)))
+        workers = min(workers, available // 2 // max(_worker_bytes(t) for t in tasks))
     return max(1, workers)
 
 
@@ -362,7 +372,7 @@ class _ProcessRunner:
 
     def kill(self) -> None:
         """Stops at once: the workers are killed (their partial shards are the sink's to drop)."""
-        processes = list(getattr(self._pool, "_processes", {}).values())
+        processes = list((getattr(self._pool, "_processes", None) or {}).values())
         for process in processes:
             process.kill()
         for process in processes:
@@ -535,7 +545,7 @@ def stream_merge(
             )
             for plan in plans
         ]
-        count = workers or default_workers(tasks, block_bytes)
+        count = workers or default_workers(tasks)
         if remote_in and count > 1:
             if workers is not None:
                 log(f"note: a gs:// base is merged by one worker, not {workers}")
