@@ -296,6 +296,7 @@ def test_worker_processes_write_the_same_bytes_as_one_in_process_job(tmp_path):
     one = run(tmp_path / "base", tmp_path / "one", workers=1)
     two = run(tmp_path / "base", tmp_path / "two", workers=2)
     assert (one.workers, two.workers) == (1, 2) and two.worker_peak_rss_bytes > 0
+    assert two.cpu_seconds > 0  # the workers' CPU time is counted
     names = sorted(os.listdir(tmp_path / "one"))
     assert names == sorted(os.listdir(tmp_path / "two")) and len(one.shards) >= 3
     for name in names:  # the shards, their sha256 in merge_metadata.json, the index

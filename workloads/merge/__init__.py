@@ -69,6 +69,7 @@ class MergeResult:
         peak_rss_bytes: the process's peak resident memory so far.
         workers: shards written at once (1: in this process, else worker processes).
         worker_peak_rss_bytes: the largest peak resident memory of a worker process (0: none).
+        cpu_seconds: CPU time (user + system, all processes) of the streaming pass.
     """
 
     out: str
@@ -84,6 +85,7 @@ class MergeResult:
     peak_rss_bytes: int
     workers: int = 1
     worker_peak_rss_bytes: int = 0
+    cpu_seconds: float = 0.0
 
     @property
     def gb_per_s(self) -> float:
@@ -94,7 +96,8 @@ class MergeResult:
             f"merged step {self.step} (rank {self.rank}, alpha {self.alpha:g}) into {self.out}: "
             f"{len(self.shards)} shard(s), {self.tensor_bytes / 1e9:.2f} GB, "
             f"{self.merged_tensors} tensors merged + {self.copied_tensors} copied in "
-            f"{self.seconds:.1f} s ({self.gb_per_s:.2f} GB/s, {self.workers} worker(s)), peak RSS "
+            f"{self.seconds:.1f} s ({self.gb_per_s:.2f} GB/s, {self.workers} worker(s), "
+            f"{self.cpu_seconds / max(self.tensor_bytes / 1e9, 1e-9):.1f} CPU s/GB), peak RSS "
             f"{self.peak_rss_bytes / 2**30:.2f} GiB"
             + (
                 f" (+ {self.worker_peak_rss_bytes / 2**30:.2f} GiB per worker)"
@@ -243,4 +246,5 @@ def merge_lora(
         peak_rss_bytes=peak_rss_bytes(),
         workers=stats.workers,
         worker_peak_rss_bytes=stats.worker_peak_rss_bytes,
+        cpu_seconds=stats.cpu_seconds,
     )

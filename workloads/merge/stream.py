@@ -25,6 +25,7 @@ import json
 import multiprocessing
 import os
 import pathlib
+import resource
 import shutil
 import socket
 import sys
@@ -467,6 +468,7 @@ class StreamStats:
     Attributes:
         workers: shard jobs that ran at once (1: in this process).
         worker_peak_rss_bytes: the largest peak RSS of a worker process (0 with one worker).
+        cpu_seconds: user + system CPU time of the pass, this process and its workers together.
     """
 
     shards: dict[str, dict[str, Any]]
@@ -476,6 +478,15 @@ class StreamStats:
     seconds: float
     workers: int = 1
     worker_peak_rss_bytes: int = 0
+    cpu_seconds: float = 0.0
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and of its children that have been waited for (the workers)."""
+    own, children = (
+        resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def stream_merge(
@@ -553,7 +564,7 @@ def stream_merge(
         count = min(count, len(tasks))
         bar = _Progress(layout.total_bytes, len(layout.tensors), progress)
         stack.callback(bar.close)
-        started = time.monotonic()
+        started, cpu = time.monotonic(), _cpu_seconds()
         runner: _ProcessRunner | _ThreadRunner | None = None
         try:
             if count > 1:
@@ -585,6 +596,7 @@ def stream_merge(
             sink.abort()
             raise
         seconds = time.monotonic() - started
+    cpu = _cpu_seconds() - cpu  # after the ExitStack: the workers have been waited for
     return StreamStats(
         files,
         layout.total_bytes,
@@ -593,4 +605,5 @@ def stream_merge(
         seconds,
         count,
         max(r.peak_rss_bytes for r in results.values()) if count > 1 else 0,
+        cpu,
     )
