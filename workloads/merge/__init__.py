@@ -182,7 +182,9 @@ def merge_lora(
         staging_dir: local scratch for gs:// input/output (default $TMPDIR; /dev/shm on TPU VMs).
         rules: the Tunix -> HF mapping (mapping.RULES); tests inject corrupted ones.
         workers: shards merged at once in worker processes; None = one per core (capped by the
-            shards and the memory); 1 = in this process.
+            shards and the memory); 1 = in this process. The workers are spawned: a script that
+            calls this needs the usual `if __name__ == "__main__":` guard (`python -m workloads`
+            and `python -c` need none).
 
     Returns:
         A MergeResult.
