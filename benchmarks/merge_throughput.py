@@ -1,17 +1,28 @@
-"""Merge throughput and peak memory: our streamed merge next to a naive load-everything merge.
+"""Merge throughput against `cp` of the same files, and peak memory against a naive merge.
 
 Builds a synthetic bf16 checkpoint with the REAL Gemma 4 31B layer shapes (workloads.catalog):
 one global layer (k_eq_v, 4 KV heads of 512) and as many sliding-window layers (16 KV heads of
 256) as the size asks for, plus a vision-tower-like set of non-target tensors, written as several
 safetensors shards; and random rank-64 LoRA factors on every target of those layers in an Orbax
-checkpoint laid out exactly as tunix's CheckpointManager writes it. Then it runs, each in its own
-subprocess so that peak RSS is that approach's alone:
+checkpoint laid out exactly as tunix's CheckpointManager writes it. Then, for each worker count
+asked for (and each repeat):
 
-- streamed: `workloads.merge.merge_lora` (restore LoRA, stream shard by shard, sha256, index last);
-- naive: what the paper's recipe does: load every tensor into RAM, add each delta to the whole
-  tensor, write one safetensors file.
+- cp: `cp` of the base's safetensors files to the same scratch directory, then fsync of every copy
+  (the merge fsyncs its shards: both numbers are bytes on stable storage), timed right before
+- streamed: `workloads.merge.merge_lora` with that many worker processes (restore LoRA, then the
+  streaming pass: read, merge, sha256, write, fsync, index last), in its own process so that peak
+  RSS is its alone;
+
+and prints both rates and their ratio (on a shared machine the ratio of two runs taken back to
+back is the number to read; the rates move with the load). Last, once:
+
+- naive: what the paper's recipe does: load every tensor into RAM, add each whole delta to the
+  whole tensor, write one safetensors file; its output is compared byte for byte with the
+  streamed one.
 
 Usage: python benchmarks/merge_throughput.py [--size-gb 3.5] [--shard-size 1GB] [--workdir DIR]
+           [--workers 1,auto] [--repeats 1] [--skip-naive]
+(`taskset -c 0 python benchmarks/...` measures the merge as if the host had one core.)
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ import json
 import os
 import pathlib
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,6 +50,18 @@ def peak_rss() -> int:
     from workloads import merge
 
     return merge.peak_rss_bytes()
+
+
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and of its children that have exited: the
+    merge's worker processes, or `cp`."""
+    import resource
+
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def layer_shapes(spec, layer: int, glob: bool) -> dict[str, tuple[int, ...]]:
@@ -206,17 +230,25 @@ def _import_common() -> None:
     import safetensors.numpy  # noqa: F401
 
 
-def worker_streamed(base: str, run: str, out: str, shard_size: str) -> dict:
+def worker_streamed(base: str, run: str, out: str, shard_size: str, workers: int | None) -> dict:
     from workloads import merge
 
     _import_common()
     idle = peak_rss()
+    cpu = cpu_seconds()
     started = time.monotonic()
-    result = merge.merge_lora(base, run, out, shard_size=shard_size, progress=False)
+    result = merge.merge_lora(
+        base, run, out, shard_size=shard_size, progress=False, workers=workers
+    )
     return {
         "seconds": time.monotonic() - started,
+        "cpu_seconds": cpu_seconds() - cpu,
+        "stream_cpu_seconds": result.cpu_seconds,
+        "stream_seconds": result.seconds,
         "peak_rss": peak_rss(),
         "idle_rss": idle,
+        "worker_peak_rss": result.worker_peak_rss_bytes,
+        "workers": result.workers,
         "files": len(result.shards),
     }
 
@@ -255,22 +287,41 @@ def worker_naive(base: str, run: str, out: str) -> dict:
     }
 
 
-def compare_outputs(streamed: pathlib.Path, naive: pathlib.Path) -> float:
-    """Largest |difference| between the two outputs, over all tensors (0.0: identical)."""
+def compare_outputs(streamed: pathlib.Path, naive: pathlib.Path) -> tuple[int, float]:
+    """Tensors whose bytes differ between the two outputs, and the largest |difference|."""
     import numpy as np
     from safetensors import safe_open
 
     index = json.loads((streamed / "model.safetensors.index.json").read_text())
-    worst = 0.0
+    differing, worst = 0, 0.0
     with safe_open(str(naive / "model.safetensors"), "np") as n:
         for name, file in index["weight_map"].items():
             with safe_open(str(streamed / file), "np") as s:
                 a, b = s.get_tensor(name), n.get_tensor(name)
             if a.tobytes() != b.tobytes():
+                differing += 1
                 worst = max(
                     worst, float(np.max(np.abs(a.astype(np.float32) - b.astype(np.float32))))
                 )
-    return worst
+    return differing, worst
+
+
+def time_cp(base: pathlib.Path, dest: pathlib.Path) -> tuple[float, float]:
+    """Seconds (wall, CPU) for `cp` of the base's safetensors files to `dest`, then fsync of the
+    copies (the merge fsyncs its shards too: both numbers are bytes on stable storage). `dest` is
+    removed afterwards."""
+    files = sorted(str(f) for f in base.glob("*.safetensors"))
+    dest.mkdir()
+    try:
+        cpu = cpu_seconds()
+        started = time.monotonic()
+        subprocess.run(["cp", *files, str(dest)], check=True)
+        for copy in dest.iterdir():
+            with open(copy, "rb") as handle:
+                os.fsync(handle.fileno())
+        return time.monotonic() - started, cpu_seconds() - cpu
+    finally:
+        shutil.rmtree(dest)
 
 
 def default_scratch(size_gb: float) -> str | None:
@@ -283,8 +334,10 @@ def default_scratch(size_gb: float) -> str | None:
     return "/dev/shm" if stats.f_bavail * stats.f_frsize > 3.5 * size_gb * 1e9 else None
 
 
-def run_worker(approach: str, workdir: pathlib.Path, shard_size: str) -> dict:
-    out = workdir / f"out-{approach}"
+def run_worker(
+    approach: str, workdir: pathlib.Path, shard_size: str, workers: int | None = None, tag: str = ""
+) -> dict:
+    out = workdir / f"out-{approach}{tag}"
     command = [
         sys.executable,
         __file__,
@@ -292,9 +345,13 @@ def run_worker(approach: str, workdir: pathlib.Path, shard_size: str) -> dict:
         approach,
         "--workdir",
         str(workdir),
+        "--out",
+        str(out),
         "--shard-size",
         shard_size,
     ]
+    if workers is not None:
+        command += ["--workers", str(workers)]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
@@ -304,6 +361,30 @@ def run_worker(approach: str, workdir: pathlib.Path, shard_size: str) -> dict:
     result = json.loads(done.stdout.strip().splitlines()[-1])
     result["out"] = str(out)
     return result
+
+
+def table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
+        for row in rows
+    ]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def parse_workers(text: str) -> list[int | None]:
+    """ "1,2,auto" -> [1, 2, None] (None: the merge's default, one worker per core)."""
+    values: list[int | None] = []
+    for item in text.split(","):
+        item = item.strip()
+        if item == "auto":
+            values.append(None)
+        elif item.isdigit() and int(item) > 0:
+            values.append(int(item))
+        else:
+            raise SystemExit(f"--workers {text!r}: expected a list of positive counts or auto")
+    return values
 
 
 def main() -> int:
@@ -321,23 +402,35 @@ def main() -> int:
     parser.add_argument(
         "--workdir", default=None, help="scratch directory (default: a new temp dir)"
     )
+    parser.add_argument(
+        "--workers",
+        default="1,auto",
+        help="worker counts of the streamed merge, each run in turn (default 1,auto; auto = one "
+        "per core)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs of each worker count (default 1)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory")
     parser.add_argument("--skip-naive", action="store_true", help="only the streamed merge")
     parser.add_argument("--worker", choices=("streamed", "naive"), help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.worker:
         workdir = pathlib.Path(args.workdir)
-        out = str(workdir / f"out-{args.worker}")
         base, run = str(workdir / "base"), str(workdir / "run")
         result = (
-            worker_streamed(base, run, out, args.shard_size)
+            worker_streamed(
+                base, run, args.out, args.shard_size, parse_workers(args.workers or "auto")[0]
+            )
             if args.worker == "streamed"
-            else worker_naive(base, run, out)
+            else worker_naive(base, run, args.out)
         )
         print(json.dumps(result))
         return 0
 
+    counts = parse_workers(args.workers)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     workdir = pathlib.Path(
         args.workdir or tempfile.mkdtemp(prefix="merge-bench-", dir=default_scratch(args.size_gb))
@@ -355,36 +448,72 @@ def main() -> int:
             f"{time.monotonic() - started:.0f} s",
             flush=True,
         )
-        approaches = ["streamed"] + ([] if args.skip_naive else ["naive"])
-        results = {a: run_worker(a, workdir, args.shard_size) for a in approaches}
         gb = info["base_bytes"] / 1e9
-        rows = [("approach", "wall s", "GB/s", "peak RSS GiB", "RSS over idle GiB", "output files")]
-        for name, r in results.items():
-            rows.append(
-                (
-                    name,
-                    f"{r['seconds']:.1f}",
-                    f"{gb / r['seconds']:.2f}",
-                    f"{r['peak_rss'] / 2**30:.2f}",
-                    f"{(r['peak_rss'] - r['idle_rss']) / 2**30:.2f}",
-                    str(r["files"]),
-                )
+        rows = [
+            (
+                "run",
+                "workers",
+                "cp+fsync GB/s",
+                "merge GB/s",
+                "merge / cp",
+                "whole merge s",
+                "CPU s/GB: merge pass (whole), cp",
+                "peak RSS GiB (main + per worker)",
             )
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        lines = [
-            "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
-            for row in rows
         ]
-        lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-        print("\n".join(lines))
-        if "naive" in results:
-            diff = compare_outputs(
-                pathlib.Path(results["streamed"]["out"]), pathlib.Path(results["naive"]["out"])
+        ratios: dict[int, list[float]] = {}
+        last: dict = {}
+        for repeat in range(args.repeats):
+            for count in counts:
+                # cp right before the merge, so both see the same load on a shared machine.
+                cp_seconds, cp_cpu = time_cp(workdir / "base", workdir / "cp-copy")
+                last = run_worker("streamed", workdir, args.shard_size, count, f"-{repeat}")
+                ratio = cp_seconds / last["stream_seconds"]
+                ratios.setdefault(last["workers"], []).append(ratio)
+                rows.append(
+                    (
+                        str(repeat + 1),
+                        f"{last['workers']}" + (" (auto)" if count is None else ""),
+                        f"{gb / cp_seconds:.2f}",
+                        f"{gb / last['stream_seconds']:.2f}",
+                        f"{100 * ratio:.0f}%",
+                        f"{last['seconds']:.1f}",
+                        f"{last['stream_cpu_seconds'] / gb:.2f} ({last['cpu_seconds'] / gb:.2f}), "
+                        f"{cp_cpu / gb:.2f}",
+                        f"{last['peak_rss'] / 2**30:.2f} + {last['worker_peak_rss'] / 2**30:.2f}",
+                    )
+                )
+                print(table([rows[0], rows[-1]]).splitlines()[-1], flush=True)
+                if repeat + 1 < args.repeats or count is not counts[-1]:
+                    shutil.rmtree(last["out"])
+        print(table(rows))
+        for workers, values in sorted(ratios.items()):
+            print(
+                f"{workers} worker(s): merge at {100 * min(values):.0f}-{100 * max(values):.0f}% "
+                f"of cp over {len(values)} run(s) (median {100 * statistics.median(values):.0f}%)"
             )
-            print(f"outputs agree: max |streamed - naive| = {diff:g}")
         print(
-            f"(scratch {workdir}; {os.cpu_count()} CPU cores; both runs read the same base files)"
+            "merge GB/s: tensor bytes over the streaming pass (plan, read, merge, sha256, write, "
+            "fsync; the LoRA restore before it is in 'whole merge s'); CPU s/GB: user + system "
+            "seconds per GB of the streaming pass (all processes), of the whole merge (imports "
+            "and restore included) and of cp"
         )
+        if not args.skip_naive:
+            naive = run_worker("naive", workdir, args.shard_size)
+            print(
+                f"naive (load everything, one file): {naive['seconds']:.1f} s, "
+                f"{gb / naive['seconds']:.2f} GB/s, peak RSS {naive['peak_rss'] / 2**30:.2f} GiB"
+            )
+            differing, worst = compare_outputs(
+                pathlib.Path(last["out"]), pathlib.Path(naive["out"])
+            )
+            print(
+                "streamed and naive outputs are bit-identical"
+                if differing == 0
+                else f"streamed and naive outputs differ in {differing} tensor(s): "
+                f"max |diff| {worst:g}"
+            )
+        print(f"(scratch {workdir}; {os.cpu_count()} CPU cores; cp and merge read the same files)")
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)

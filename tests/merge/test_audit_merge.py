@@ -9,6 +9,7 @@ import pathlib
 import tracemalloc
 
 import numpy as np
+import pytest
 import safetensors.numpy
 
 from tests.merge.test_stream import some_deltas, write_base
@@ -67,6 +68,7 @@ def traced_peak(base: pathlib.Path, out: pathlib.Path, deltas) -> int:
             overwrite=False,
             metadata={"step": 1},
             progress=False,
+            workers=1,  # tracemalloc sees this process only
         )
         return tracemalloc.get_traced_memory()[1]
     finally:
@@ -158,3 +160,27 @@ def test_benchmark_checkpoint_has_real_31b_shapes_that_the_mapping_accepts():
         assert (v_proj in shapes) == (not glob)
     q = shapes[f"{mapping.HF_TEXT_PREFIX}layers.4.self_attn.q_proj.weight"]
     assert q == (spec.num_heads * spec.head_dim, spec.embed_dim) == (8192, 5376)
+
+
+def worker_peak(base: pathlib.Path, out: pathlib.Path, deltas) -> int:
+    stats = stream.stream_merge(
+        st.read_layout(str(base)),
+        deltas,
+        str(out),
+        shard_size=SHARD_TENSORS // 2 * ROWS * COLS * 4 + 65536,  # 4 tensors per shard
+        overwrite=False,
+        metadata={"step": 1},
+        progress=False,
+        workers=2,
+    )
+    assert stats.workers == 2
+    return stats.worker_peak_rss_bytes
+
+
+@pytest.mark.slow
+def test_a_worker_process_holds_a_few_blocks_whatever_the_model_size(tmp_path):
+    tensor = ROWS * COLS * 4
+    small = worker_peak(tmp_path / "o4", tmp_path / "m4", big_base(tmp_path / "o4", 4))
+    large = worker_peak(tmp_path / "o16", tmp_path / "m16", big_base(tmp_path / "o16", 16))
+    # 2 shards of 16 MiB (one per worker) vs 8 (four per worker): the same worker peak RSS.
+    assert large < small + tensor, (small, large)

@@ -1,5 +1,7 @@
 """The Tunix -> HF delta mapping against independently written einsum formulas (numpy)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -86,8 +88,23 @@ def test_rows_in_blocks_equal_the_full_delta():
     (delta,) = mapping.build_deltas(
         lora_params(0, "attn", "q_einsum", f["a"], f["b"]), rank=R, alpha=R, targets=["q_einsum"]
     ).values()
-    blocks = np.concatenate([delta.rows(i, min(i + 3, N * H)) for i in range(0, N * H, 3)])
-    np.testing.assert_array_equal(blocks, delta.full())
+    delta = dataclasses.replace(delta, row_block=3)  # N*H = 16 rows: blocks of 3, then 1
+    for step in (3, 6, 15):
+        blocks = [delta.rows(i, min(i + step, N * H)) for i in range(0, N * H, step)]
+        assert np.concatenate(blocks).tobytes() == delta.full().tobytes()
+
+
+def test_rows_not_aligned_to_the_delta_blocks_are_refused():
+    f = factors(a=(D, R), b=(R, N, H))
+    (delta,) = mapping.build_deltas(
+        lora_params(0, "attn", "q_einsum", f["a"], f["b"]), rank=R, alpha=R, targets=["q_einsum"]
+    ).values()
+    delta = dataclasses.replace(delta, row_block=4)
+    with pytest.raises(ValueError, match=r"rows \[2, 8\) are not aligned to blocks of 4 rows"):
+        delta.rows(2, 8)
+    with pytest.raises(ValueError, match="not aligned"):
+        delta.rows(0, 6)
+    assert delta.rows(12, N * H).shape == (N * H - 12, delta.shape[1])  # the last block is short
 
 
 def test_bf16_factors_are_computed_in_float32():

@@ -8,6 +8,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -309,14 +310,58 @@ def test_shape_mismatch_in_the_base_is_named(lora_run, tmp_path):
 _KILL_AFTER_FIRST_SHARD = """
 import os, sys
 from workloads.merge import stream
-real = stream._write_shard
-def write_then_die(plan, *args):
-    result = real(plan, *args)
-    os._exit(137)  # a hard crash: no cleanup, no exception handlers
-stream._write_shard = write_then_die
+real = stream._LocalSink.finish
+def finish_then_die(self, name):
+    real(self, name)
+    os._exit(137)  # a hard crash: no cleanup, no exception handlers, workers still running
+stream._LocalSink.finish = finish_then_die
 from workloads import cli
 sys.exit(cli.main(sys.argv[1:]))
 """
+
+
+def processes_with_files_in(directory: pathlib.Path) -> list[int]:
+    """Processes that hold a file under `directory` open (from /proc/<pid>/fd)."""
+    pids = []
+    for proc in pathlib.Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            targets = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
+        except OSError:  # gone, or not ours to look at
+            continue
+        if any(t.startswith(f"{directory}/") for t in targets):
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_streamed_targets_are_bit_identical_to_a_naive_whole_tensor_merge(lora_run, merged):
+    """The default merge (worker processes, blocks of rows) against the paper's approach: every
+    tensor loaded whole, float32(weight) + the whole delta, cast back."""
+    import safetensors.numpy
+
+    from workloads import adapter_meta
+    from workloads.merge import lora_restore
+
+    out, result = merged
+    assert result.workers > 1 or os.cpu_count() == 1
+    meta = adapter_meta.read(str(lora_run.checkpoints))
+    params = lora_restore.restore_lora_params(str(lora_run.checkpoints), STEPS[-1])
+    deltas = mapping.build_deltas(params, rank=meta.rank, alpha=meta.alpha, targets=meta.targets)
+    base = {}
+    for file in st.read_layout(str(lora_run.base)).files:
+        base.update(safetensors.numpy.load_file(str(lora_run.base / file)))
+    index = json.loads((out / st.INDEX_FILE).read_text())
+    for name, delta in deltas.items():
+        naive = (base[name].astype(np.float32) + delta.full()).astype(base[name].dtype)
+        with safe_open(str(out / index["weight_map"][name]), "np") as shard:
+            assert shard.get_tensor(name).tobytes() == naive.tobytes(), name
+
+
+def test_workers_below_one_are_refused(lora_run, tmp_path, capsys):
+    code, line = cli_error(capsys, *merge_argv(lora_run, tmp_path / "out")[2:], "--workers", "0")
+    assert code == 2 and line.endswith("--workers 0: must be at least 1"), line
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_killed_merge_leaves_nothing_that_looks_complete(lora_run, tmp_path):
@@ -332,6 +377,11 @@ def test_a_killed_merge_leaves_nothing_that_looks_complete(lora_run, tmp_path):
     assert not out.exists()
     leftovers = [p for p in tmp_path.iterdir() if p.name.startswith(".out.merge-tmp-")]
     assert len(leftovers) == 1 and not (leftovers[0] / st.INDEX_FILE).exists()
+    # The worker processes died with it: nothing holds a file of the dead merge open.
+    deadline = time.monotonic() + 10
+    while (writers := processes_with_files_in(leftovers[0])) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert writers == []
     # The next run cleans up after the dead one and completes.
     assert cli.main(argv) == 0
     assert (out / st.INDEX_FILE).exists() and not leftovers[0].exists()

@@ -5,6 +5,7 @@ atomic completion and refusals."""
 import json
 import os
 import pathlib
+import time
 
 import fsspec
 import ml_dtypes
@@ -14,7 +15,7 @@ import safetensors.numpy
 from safetensors import safe_open
 
 from workloads import errors, storage
-from workloads.merge import mapping, stream
+from workloads.merge import mapping, shard_worker, stream
 from workloads.merge import safetensors_io as st
 
 BF16 = ml_dtypes.bfloat16
@@ -72,12 +73,14 @@ def some_deltas(scale=0.5):
             scale * rng.standard_normal((48, 2)).astype(np.float32),
             rng.standard_normal((2, 32)).astype(np.float32),
             "layers.0.q_einsum",
+            row_block=8,  # several delta blocks per tensor
         ),
         UP: mapping.Delta(
             UP,
             scale * rng.standard_normal((40, 2)).astype(np.float32),
             rng.standard_normal((2, 32)).astype(np.float32),
             "layers.0.up_proj",
+            row_block=8,
         ),
     }
 
@@ -85,6 +88,7 @@ def some_deltas(scale=0.5):
 def run(base, out, deltas=None, **kw):
     kw.setdefault("shard_size", 3000)
     kw.setdefault("overwrite", False)
+    kw.setdefault("workers", 1)  # in this process; the tests of worker processes pass more
     return stream.stream_merge(
         st.read_layout(str(base)),
         some_deltas() if deltas is None else deltas,
@@ -155,15 +159,15 @@ def test_non_empty_output_is_refused_unless_overwrite(tmp_path):
 
 def test_a_failure_mid_merge_leaves_no_output_and_no_temporary_files(tmp_path, monkeypatch):
     write_base(tmp_path / "base")
-    real, calls = stream._write_shard, []
+    real, calls = shard_worker.write_shard, []
 
-    def failing(plan, *args):
-        calls.append(plan.name)
+    def failing(task, *args):
+        calls.append(task.plan.name)
         if len(calls) == 2:
             raise OSError("disk full")
-        return real(plan, *args)
+        return real(task, *args)
 
-    monkeypatch.setattr(stream, "_write_shard", failing)
+    monkeypatch.setattr(shard_worker, "write_shard", failing)
     with pytest.raises(OSError, match="disk full"):
         run(tmp_path / "base", tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]
@@ -285,3 +289,95 @@ def test_a_write_error_in_the_writer_thread_reaches_the_caller(tmp_path, monkeyp
     with pytest.raises(OSError, match="No space left"):
         run(tmp_path / "base", tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]
+
+
+def test_worker_processes_write_the_same_bytes_as_one_in_process_job(tmp_path):
+    write_base(tmp_path / "base")
+    one = run(tmp_path / "base", tmp_path / "one", workers=1)
+    two = run(tmp_path / "base", tmp_path / "two", workers=2)
+    assert (one.workers, two.workers) == (1, 2) and two.worker_peak_rss_bytes > 0
+    assert two.cpu_seconds > 0  # the workers' CPU time is counted
+    names = sorted(os.listdir(tmp_path / "one"))
+    assert names == sorted(os.listdir(tmp_path / "two")) and len(one.shards) >= 3
+    for name in names:  # the shards, their sha256 in merge_metadata.json, the index
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+
+
+def test_a_failing_worker_process_fails_the_merge_and_leaves_nothing(tmp_path):
+    write_base(tmp_path / "base")
+    layout = st.read_layout(str(tmp_path / "base"))
+    damaged = layout.tensors[Q]  # the base file loses its tail after the headers were read
+    os.truncate(tmp_path / "base" / damaged.file, damaged.start + 10)
+    # Whichever worker reads past the cut first names the file and its tensor.
+    with pytest.raises(errors.UserError, match=rf"{damaged.file}: truncated while reading model\."):
+        stream.stream_merge(
+            layout,
+            some_deltas(),
+            str(tmp_path / "out"),
+            shard_size=3000,
+            overwrite=False,
+            metadata={"step": 1},
+            progress=False,
+            workers=2,
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]
+
+
+def test_a_realistic_target_is_bit_identical_to_a_whole_tensor_merge(tmp_path):
+    """A 31B-like q_proj slice (rows not a multiple of the delta's blocks, rank 64) merged in
+    worker processes, in blocks of rows, equals the naive merge of the whole tensor at once."""
+    rows, cols, rank = 2 * mapping.ROW_BLOCK + 52, 5376, 64
+    rng = np.random.default_rng(3)
+    weight = (0.02 * rng.standard_normal((rows, cols), dtype=np.float32)).astype(BF16)
+    tensors = {**synthetic_tensors(), Q: weight}
+    write_base(tmp_path / "base", tensors)
+    delta = mapping.Delta(
+        Q,
+        (0.01 * rng.standard_normal((rows, rank), dtype=np.float32)),
+        rng.standard_normal((rank, cols), dtype=np.float32) / 8,
+        "layers.0.q_einsum",
+    )
+    stats = run(
+        tmp_path / "base",
+        tmp_path / "out",
+        deltas={Q: delta},
+        shard_size=weight.nbytes + 1024,  # q_proj in one shard, the rest in others
+        workers=2,
+        block_bytes=cols * 4 * mapping.ROW_BLOCK,  # one delta block per row block: 3 blocks
+    )
+    assert stats.workers == 2
+    _, merged = read_all(tmp_path / "out")
+    naive = (weight.astype(np.float32) + delta.full()).astype(BF16)
+    assert merged[Q].tobytes() == naive.tobytes()
+    assert np.mean(merged[Q] != weight) > 0.5  # the delta changed most weights
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_finished_shard_is_uploaded_while_the_next_one_is_written(
+    tmp_path, memfs, monkeypatch, workers
+):
+    write_base(tmp_path / "base")
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    upload, overlapped = storage.upload_file, []
+
+    def slow_upload(src, dst):
+        name = pathlib.Path(src).name
+        if name.endswith(".safetensors") and not overlapped:  # the first shard's upload
+            deadline = time.monotonic() + 20
+            others = []
+            while not others and time.monotonic() < deadline:
+                staged = next(staging.glob("merge-staging-*"))
+                others = [p for p in staged.glob("*.safetensors") if p.name != name]
+                time.sleep(0.01)
+            overlapped.append(bool(others))
+        return upload(src, dst)
+
+    monkeypatch.setattr(storage, "upload_file", slow_upload)
+    # One shard per tensor, so that there is a next shard for every worker.
+    run(tmp_path / "base", "memory://out", staging_dir=str(staging), workers=workers, shard_size=1)
+    assert overlapped == [True]
+    local = tmp_path / "local"
+    run(tmp_path / "base", local, shard_size=1)
+    meta = json.loads(memfs.cat_file(f"/out/{stream.METADATA_FILE}"))
+    assert meta["files"] == json.loads((local / stream.METADATA_FILE).read_text())["files"]

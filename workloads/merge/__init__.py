@@ -67,6 +67,9 @@ class MergeResult:
         copied_tensors: tensors copied bit for bit.
         seconds: wall time of the streaming pass.
         peak_rss_bytes: the process's peak resident memory so far.
+        workers: shards written at once (1: in this process, else worker processes).
+        worker_peak_rss_bytes: the largest peak resident memory of a worker process (0: none).
+        cpu_seconds: CPU time (user + system, all processes) of the streaming pass.
     """
 
     out: str
@@ -80,6 +83,9 @@ class MergeResult:
     copied_tensors: int
     seconds: float
     peak_rss_bytes: int
+    workers: int = 1
+    worker_peak_rss_bytes: int = 0
+    cpu_seconds: float = 0.0
 
     @property
     def gb_per_s(self) -> float:
@@ -90,8 +96,14 @@ class MergeResult:
             f"merged step {self.step} (rank {self.rank}, alpha {self.alpha:g}) into {self.out}: "
             f"{len(self.shards)} shard(s), {self.tensor_bytes / 1e9:.2f} GB, "
             f"{self.merged_tensors} tensors merged + {self.copied_tensors} copied in "
-            f"{self.seconds:.1f} s ({self.gb_per_s:.2f} GB/s), peak RSS "
+            f"{self.seconds:.1f} s ({self.gb_per_s:.2f} GB/s, {self.workers} worker(s), "
+            f"{self.cpu_seconds / max(self.tensor_bytes / 1e9, 1e-9):.1f} CPU s/GB), peak RSS "
             f"{self.peak_rss_bytes / 2**30:.2f} GiB"
+            + (
+                f" (+ {self.worker_peak_rss_bytes / 2**30:.2f} GiB per worker)"
+                if self.worker_peak_rss_bytes
+                else ""
+            )
         )
 
 
@@ -153,6 +165,7 @@ def merge_lora(
     progress: bool = True,
     staging_dir: str | None = None,
     rules: Mapping[str, Rule] | None = None,
+    workers: int | None = None,
 ) -> MergeResult:
     """Merges a training run's LoRA adapters into the base model as sharded HF safetensors.
 
@@ -168,6 +181,10 @@ def merge_lora(
         progress: show a progress bar over bytes and tensors on stderr.
         staging_dir: local scratch for gs:// input/output (default $TMPDIR; /dev/shm on TPU VMs).
         rules: the Tunix -> HF mapping (mapping.RULES); tests inject corrupted ones.
+        workers: shards merged at once in worker processes; None = one per core (capped by the
+            shards and the memory); 1 = in this process. The workers are spawned: a script that
+            calls this needs the usual `if __name__ == "__main__":` guard (`python -m workloads`
+            and `python -c` need none).
 
     Returns:
         A MergeResult.
@@ -185,6 +202,8 @@ def merge_lora(
         raise errors.UserError(f"--shard-size: {exc}") from None
     if size <= 0:
         raise errors.UserError(f"--shard-size {shard_size!r} must be positive")
+    if workers is not None and workers < 1:
+        raise errors.UserError(f"--workers {workers}: must be at least 1")
     checkpoint = lora_restore.find_checkpoint_dir(checkpoint)
     _check_distinct(out, base=base, checkpoint=checkpoint)
     meta = adapter_meta.read(checkpoint)
@@ -213,6 +232,7 @@ def merge_lora(
         metadata=metadata,
         staging_dir=staging_dir,
         progress=progress,
+        workers=workers,
     )
     return MergeResult(
         out=out,
@@ -226,4 +246,7 @@ def merge_lora(
         copied_tensors=stats.copied_tensors,
         seconds=stats.seconds,
         peak_rss_bytes=peak_rss_bytes(),
+        workers=stats.workers,
+        worker_peak_rss_bytes=stats.worker_peak_rss_bytes,
+        cpu_seconds=stats.cpu_seconds,
     )

@@ -40,6 +40,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="afterwards, re-read the output: sha256 of every shard, and every "
         "non-target tensor byte-identical to the base",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="shards merged at once, each in its own process (default: one per CPU core, at most "
+        "one per shard)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -114,6 +121,7 @@ def main(args: argparse.Namespace) -> int:
         shard_size=args.shard_size,
         overwrite=args.overwrite,
         progress=not args.no_progress,
+        workers=args.workers,
     )
     print(result.summary())
     if args.verify:

@@ -26,12 +26,21 @@ from collections.abc import Callable, Iterable, Mapping
 import numpy as np
 
 from workloads import errors
+from workloads.merge import blas
 
 # The text model's keys in a Gemma4ForConditionalGeneration checkpoint (what tunix loads).
 HF_TEXT_PREFIX = "model.language_model."
 
 # layers.<i>.<block>.<module>.<w|kernel>_lora_<a|b>
 _PARAM_RE = re.compile(r"^layers\.(\d+)\.(attn|mlp)\.(\w+?)\.(?:w|kernel)_lora_([ab])$")
+
+
+# Rows of a delta computed by one matrix product. A BLAS rounds a row differently depending on
+# where it falls in the product it is part of (its kernels treat a block's edge rows apart) and on
+# how many threads share the product, so a delta is always computed in these fixed blocks, counted
+# from row 0, on one BLAS thread (blas.py): the whole tensor at once (`full`) and any streamed
+# slice of it give the same bits, whatever block size the caller uses and whatever process runs it.
+ROW_BLOCK = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,20 +52,40 @@ class Delta:
         left: (rows, r) float32, alpha / rank already folded in.
         right: (r, cols) float32.
         source: the tunix LoRA module it comes from (for error messages).
+        row_block: rows per matrix product (ROW_BLOCK; tests use small ones to get many blocks).
     """
 
     hf_name: str
     left: np.ndarray
     right: np.ndarray
     source: str
+    row_block: int = ROW_BLOCK
 
     @property
     def shape(self) -> tuple[int, int]:
         return (self.left.shape[0], self.right.shape[1])
 
     def rows(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
-        """Rows [start, stop) of the delta, float32 (into `out` when given)."""
-        return np.matmul(self.left[start:stop], self.right, out=out)
+        """Rows [start, stop) of the delta, float32 (into `out` when given), computed block by
+        block of `row_block` rows, so the bits do not depend on how the caller slices the tensor.
+
+        Raises:
+            ValueError: `start` (or `stop`, unless it is the last row) is not a multiple of
+                `row_block`.
+        """
+        total = self.shape[0]
+        if start % self.row_block or (stop % self.row_block and stop != total):
+            raise ValueError(
+                f"{self.hf_name}: rows [{start}, {stop}) are not aligned to blocks of "
+                f"{self.row_block} rows"
+            )
+        if out is None:
+            out = np.empty((stop - start, self.shape[1]), np.float32)
+        with blas.single_threaded():
+            for begin in range(start, stop, self.row_block):
+                end = min(begin + self.row_block, stop)
+                np.matmul(self.left[begin:end], self.right, out=out[begin - start : end - start])
+        return out
 
     def full(self) -> np.ndarray:
         return self.rows(0, self.shape[0])

@@ -1,45 +1,47 @@
-"""Streams a base checkpoint into merged, sharded HF safetensors in bounded memory.
+"""Streams a base checkpoint into merged, sharded HF safetensors in bounded memory, shards in
+parallel.
 
 Every output shard is planned from the base headers before any data moves (names, shapes, offsets,
-so the shard's header is written first); then each tensor is streamed from the base file into the
-shard: a LoRA target block of rows by block of rows (base rows + delta rows in float32, cast back to
-the tensor's dtype), any other tensor (vision tower included) as raw bytes. Memory is therefore one
-block of rows and one copy buffer on top of the LoRA factors, whatever the model or shard size.
+so the shard's header is written first); then each shard is written by a job (shard_worker.py)
+that streams its tensors from the base files: a LoRA target block of rows by block of rows, any
+other tensor (vision tower included) as raw bytes. The jobs run in worker processes, as many as
+the host has cores (and shards, and memory for), each with its BLAS on one thread, so the float32
+products, the sha256 and the writes of different shards run side by side.
+A gs:// output uploads each finished shard while the workers write the next ones. Memory is a few
+blocks of rows per worker on top of its shard's LoRA factors, whatever the model or shard size.
 
 Completion is atomic: a local output is written into a hidden sibling directory and renamed into
 place at the end; a gs:// output gets its shards first and `model.safetensors.index.json` last, so
-an output with an index is complete. A non-empty output is refused unless `overwrite`.
-
-One module on purpose (~500 lines): the streaming pass (read a shard, merge its tensors, write the
-output shard, record its hash) is one loop whose resumability depends on all of its parts; the LoRA
-math is in workloads/merge/__init__.py and the file format in safetensors_io.py.
+an output with an index is complete. A non-empty output is refused unless `overwrite`. Workers
+die with the merge process, however it dies.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
+import multiprocessing
 import os
 import pathlib
+import resource
 import shutil
 import socket
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
-
 from workloads import errors, runconfig, storage
-from workloads.merge import mapping
+from workloads.merge import blas, mapping, shard_worker
 from workloads.merge import safetensors_io as st
+from workloads.merge.shard_worker import BLOCK_BYTES, ShardPlan
 
 SHARD_NAME = "model-{:05d}-of-{:05d}.safetensors"
 METADATA_FILE = "merge_metadata.json"
-BLOCK_BYTES = 64 * 1024 * 1024  # float32 rows of a target tensor processed at once
-COPY_CHUNK = 16 * 1024 * 1024  # raw bytes of a copied tensor moved at once
 _TMP_MARK = ".merge-tmp-"
 _OLD_MARK = ".merge-old-"
 # Base files that are not carried over: weights in any format and index/metadata of their own.
@@ -51,19 +53,6 @@ Log = Callable[[str], None]
 
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardPlan:
-    """One output file: its name, its tensors in write order and its header bytes."""
-
-    name: str
-    tensors: tuple[st.TensorInfo, ...]
-    header: bytes
-
-    @property
-    def size(self) -> int:
-        return len(self.header) + sum(t.nbytes for t in self.tensors)
 
 
 def _entry_bound(info: st.TensorInfo, limit: int) -> int:
@@ -134,69 +123,6 @@ def check_targets(layout: st.Layout, deltas: Mapping[str, mapping.Delta]) -> Non
             )
 
 
-class Workspace:
-    """Buffers reused from block to block and tensor to tensor.
-
-    Fresh multi-megabyte arrays are fresh pages from the kernel: page faults cost more than the
-    arithmetic, so the merge allocates its buffers once and grows them only when a wider tensor
-    needs it.
-    """
-
-    def __init__(self) -> None:
-        self._buffers: dict[str, np.ndarray] = {}
-
-    def get(self, name: str, nbytes: int) -> np.ndarray:
-        buffer = self._buffers.get(name)
-        if buffer is None or buffer.nbytes < nbytes:
-            buffer = self._buffers[name] = np.empty(nbytes, np.uint8)
-        return buffer[:nbytes]
-
-
-def merged_blocks(
-    info: st.TensorInfo,
-    delta: mapping.Delta,
-    source: st.Source,
-    writer: st.HashingWriter,
-    block_bytes: int = BLOCK_BYTES,
-    workspace: Workspace | None = None,
-) -> Iterator[int]:
-    """Submits the merged tensor to `writer`, block of rows by block of rows: float32(base) +
-    delta, cast back to the base dtype (round to nearest even, as torch and ml_dtypes do).
-    Yields the bytes of each block as it is submitted."""
-    dtype = st.float_dtype(info.dtype)
-    assert dtype is not None  # check_targets refused anything else
-    workspace = workspace or Workspace()
-    rows, cols = info.shape
-    per = min(rows, max(1, block_bytes // (cols * 4)))
-    raw = workspace.get("raw", per * cols * info.itemsize)
-    acc = workspace.get("acc", per * cols * 4).view(np.float32).reshape(per, cols)
-    for start in range(0, rows, per):
-        n = min(rows, start + per) - start
-        nbytes = n * cols * info.itemsize
-        source.readinto(info, start * cols * info.itemsize, memoryview(raw[:nbytes]))
-        out = writer.buffer(nbytes)
-        if dtype == np.float32:  # compute straight into the buffer the writer will write
-            block = delta.rows(start, start + n, out=out.view(np.float32).reshape(n, cols))
-            block += raw[:nbytes].view(dtype).reshape(n, cols)
-        else:
-            block = delta.rows(start, start + n, out=acc[:n])
-            block += raw[:nbytes].view(dtype).reshape(n, cols)
-            np.copyto(out.view(dtype).reshape(n, cols), block, casting="unsafe")
-        writer.submit(out)
-        yield nbytes
-
-
-def copied_chunks(
-    info: st.TensorInfo, source: st.Source, writer: st.HashingWriter, chunk: int = COPY_CHUNK
-) -> Iterator[int]:
-    """Submits the tensor's raw bytes to `writer` unchanged; yields the bytes of each chunk."""
-    for start in range(0, info.nbytes, chunk):
-        out = writer.buffer(min(chunk, info.nbytes - start))
-        source.readinto(info, start, memoryview(out))
-        writer.submit(out)
-        yield out.nbytes
-
-
 class _Progress:
     """tqdm over bytes, with the tensor count alongside; silent when disabled."""
 
@@ -216,47 +142,16 @@ class _Progress:
                 file=sys.stderr,
             )
 
-    def bytes(self, n: int) -> None:
-        if self._bar is not None:
-            self._bar.update(n)
-
-    def tensor(self) -> None:
-        self._tensors += 1
-        if self._bar is not None:
-            self._bar.set_postfix_str(f"{self._tensors}/{self._total} tensors", refresh=False)
+    def show(self, nbytes: int, tensors: int) -> None:
+        """Moves the bar to `nbytes` written and `tensors` finished (totals over all workers)."""
+        if self._bar is not None and (nbytes, tensors) != (self._bar.n, self._tensors):
+            self._tensors = tensors
+            self._bar.set_postfix_str(f"{tensors}/{self._total} tensors", refresh=False)
+            self._bar.update(nbytes - self._bar.n)
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
-
-
-def _write_shard(
-    plan: ShardPlan,
-    path: pathlib.Path,
-    source: st.Source,
-    deltas: Mapping[str, mapping.Delta],
-    progress: _Progress,
-    block_bytes: int,
-    workspace: Workspace,
-) -> tuple[str, int]:
-    writer = st.HashingWriter(path)
-    try:
-        writer.write(plan.header)
-        for info in plan.tensors:
-            delta = deltas.get(info.name)
-            blocks = (
-                copied_chunks(info, source, writer)
-                if delta is None
-                else merged_blocks(info, delta, source, writer, block_bytes, workspace)
-            )
-            for nbytes in blocks:
-                progress.bytes(nbytes)
-            source.done(info)
-            progress.tensor()
-    except BaseException:
-        writer.abort()
-        raise
-    return writer.close(), writer.bytes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,15 +302,191 @@ def _copy_in(src: str, dest: pathlib.Path) -> None:
         shutil.copyfile(src, dest)
 
 
+# ---------------------------------------------------------------------------------------------
+# Running the shard jobs: worker processes, or one thread of this process.
+
+
+def host_cores() -> int:
+    """CPU cores this process may run on (its affinity mask: taskset, cgroup cpusets)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _available_memory() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _worker_bytes(task: shard_worker.ShardTask) -> int:
+    """About what a worker holds for `task`: its LoRA factors and four blocks of rows in float32
+    (read block, sum, and the writer's two buffers)."""
+    factors = sum(d.left.nbytes + d.right.nbytes for d in task.deltas.values())
+    blocks = [
+        shard_worker.block_rows(d.shape[1], d.row_block, task.block_bytes) * d.shape[1] * 4
+        for d in task.deltas.values()
+    ]
+    return factors + 4 * max([task.block_bytes, *blocks])
+
+
+def default_workers(tasks: list[shard_worker.ShardTask]) -> int:
+    """One worker per core, no more than there are shards, and no more than half the available
+    memory holds."""
+    workers = min(host_cores(), len(tasks))
+    available = _available_memory()
+    if available is not None and tasks:
+        workers = min(workers, available // 2 // max(_worker_bytes(t) for t in tasks))
+    return max(1, workers)
+
+
+class _ProcessRunner:
+    """Shard jobs in `workers` spawned processes (spawn: the parent holds JAX and Orbax threads
+    that a fork would copy mid-flight). A worker that dies breaks the pool: its shard's future
+    raises BrokenProcessPool instead of waiting forever."""
+
+    def __init__(self, workers: int, stack: contextlib.ExitStack):
+        context = multiprocessing.get_context("spawn")
+        self._counters = (context.Value("q", 0), context.Value("q", 0))
+        self.progress = shard_worker.SharedProgress(*self._counters)
+        # One BLAS thread per worker: the workers are the parallelism, and a delta's bits must
+        # not depend on a thread count (blas.py).
+        stack.enter_context(blas.single_threaded_children())
+        self._pool = concurrent.futures.ProcessPoolExecutor(
+            workers,
+            mp_context=context,
+            initializer=shard_worker.init_process,
+            initargs=(os.getpid(), *self._counters),
+        )
+
+    def submit(self, task: shard_worker.ShardTask) -> concurrent.futures.Future[Any]:
+        return self._pool.submit(shard_worker.run_in_process, task)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def kill(self) -> None:
+        """Stops at once: the workers are killed (their partial shards are the sink's to drop)."""
+        processes = list((getattr(self._pool, "_processes", None) or {}).values())
+        for process in processes:
+            process.kill()
+        for process in processes:
+            process.join()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _CancelledError(Exception):
+    pass
+
+
+class _CancellableProgress(shard_worker.ThreadProgress):
+    """Progress of the in-process job that stops the job at its next block once cancelled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cancelled = threading.Event()
+
+    def add(self, nbytes: int, tensors: int) -> None:
+        if self.cancelled.is_set():
+            raise _CancelledError("merge cancelled")
+        super().add(nbytes, tensors)
+
+
+class _ThreadRunner:
+    """Shard jobs one after another in one thread of this process, sharing one Source (for a
+    gs:// base: one downloaded base file at a time). This thread stays free to upload."""
+
+    def __init__(self, source: st.Source):
+        self._source = source
+        self._workspace = shard_worker.Workspace()
+        self.progress = _CancellableProgress()
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="merge-shard")
+
+    def _run(self, task: shard_worker.ShardTask) -> shard_worker.ShardResult:
+        from workloads.merge import peak_rss_bytes
+
+        sha, size = shard_worker.write_shard(task, self._source, self.progress, self._workspace)
+        return shard_worker.ShardResult(task.plan.name, sha, size, peak_rss_bytes())
+
+    def submit(self, task: shard_worker.ShardTask) -> concurrent.futures.Future[Any]:
+        return self._pool.submit(self._run, task)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def kill(self) -> None:
+        self.progress.cancelled.set()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _run_shards(
+    tasks: list[shard_worker.ShardTask],
+    runner: _ProcessRunner | _ThreadRunner,
+    workers: int,
+    sink: _LocalSink | _RemoteSink,
+    bar: _Progress,
+) -> dict[str, shard_worker.ShardResult]:
+    """Runs the jobs, at most `workers` at a time, and hands every finished shard to the sink
+    (a gs:// upload) while the next ones are written; so at most 2 x `workers` shards sit in the
+    staging directory."""
+    pending = list(reversed(tasks))
+    running: dict[concurrent.futures.Future[Any], shard_worker.ShardTask] = {}
+    results: dict[str, shard_worker.ShardResult] = {}
+    while pending or running:
+        while pending and len(running) < workers:
+            task = pending.pop()
+            running[runner.submit(task)] = task
+        done, _ = concurrent.futures.wait(
+            running, timeout=0.5, return_when=concurrent.futures.FIRST_COMPLETED
+        )
+        bar.show(*runner.progress.read())
+        finished = [(running.pop(future), future.result()) for future in done]
+        while pending and len(running) < workers:  # keep the workers busy during the uploads
+            task = pending.pop()
+            running[runner.submit(task)] = task
+        for task, result in finished:
+            if result.bytes != task.plan.size:  # the header promised these offsets
+                raise RuntimeError(
+                    f"{task.plan.name}: wrote {result.bytes} bytes, planned {task.plan.size}"
+                )
+            sink.finish(task.plan.name)
+            results[task.plan.name] = result
+    bar.show(*runner.progress.read())
+    return results
+
+
 @dataclasses.dataclass(frozen=True)
 class StreamStats:
-    """What the streaming pass wrote and how fast."""
+    """What the streaming pass wrote and how fast.
+
+    Attributes:
+        workers: shard jobs that ran at once (1: in this process).
+        worker_peak_rss_bytes: the largest peak RSS of a worker process (0 with one worker).
+        cpu_seconds: user + system CPU time of the pass, this process and its workers together.
+    """
 
     shards: dict[str, dict[str, Any]]
     tensor_bytes: int
     merged_tensors: int
     copied_tensors: int
     seconds: float
+    workers: int = 1
+    worker_peak_rss_bytes: int = 0
+    cpu_seconds: float = 0.0
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and of its children that have been waited for (the workers)."""
+    own, children = (
+        resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def stream_merge(
@@ -429,6 +500,7 @@ def stream_merge(
     staging_dir: str | None = None,
     progress: bool = True,
     block_bytes: int = BLOCK_BYTES,
+    workers: int | None = None,
     log: Log = _stderr,
 ) -> StreamStats:
     """Writes the merged checkpoint of `layout` + `deltas` to `out` (local dir or gs://).
@@ -443,12 +515,17 @@ def stream_merge(
         staging_dir: local scratch for gs:// input or output (default: $TMPDIR).
         progress: show a progress bar on stderr.
         block_bytes: float32 bytes of a target tensor processed at once.
+        workers: shards written at once; None = one per core (at most one per shard); 1 = in this
+            process. A gs:// base is always read by one worker (one base file staged at a time).
         log: where notes go (stderr).
 
     Raises:
-        errors.UserError: a target without base tensor or with another shape, a non-empty output.
+        errors.UserError: a target without base tensor or with another shape, a non-empty output,
+            workers < 1.
     """
     check_targets(layout, deltas)
+    if workers is not None and workers < 1:
+        raise errors.UserError(f"--workers {workers}: must be at least 1")
     if "config.json" not in aux_files(layout.root):
         raise errors.UserError(
             f"{layout.root}: no config.json; is this a Hugging Face model directory?"
@@ -469,22 +546,39 @@ def stream_merge(
             if remote_out and staging is not None
             else _LocalSink(out, overwrite, log)
         )
-        source = st.Source(layout, str(staging) if staging is not None else None)
-        stack.callback(source.close)
+        tasks = [
+            shard_worker.ShardTask(
+                plan,
+                str(sink.path(plan.name)),
+                shard_worker.shard_layout(layout, plan),
+                shard_worker.shard_deltas(deltas, plan),
+                block_bytes,
+            )
+            for plan in plans
+        ]
+        count = workers or default_workers(tasks)
+        if remote_in and count > 1:
+            if workers is not None:
+                log(f"note: a gs:// base is merged by one worker, not {workers}")
+            count = 1
+        count = min(count, len(tasks))
         bar = _Progress(layout.total_bytes, len(layout.tensors), progress)
         stack.callback(bar.close)
-        started = time.monotonic()
+        started, cpu = time.monotonic(), _cpu_seconds()
+        runner: _ProcessRunner | _ThreadRunner | None = None
         try:
-            files: dict[str, dict[str, Any]] = {}
-            workspace = Workspace()
-            for plan in plans:
-                sha, size = _write_shard(
-                    plan, sink.path(plan.name), source, deltas, bar, block_bytes, workspace
-                )
-                if size != plan.size:  # the header promised these offsets
-                    raise RuntimeError(f"{plan.name}: wrote {size} bytes, planned {plan.size}")
-                sink.finish(plan.name)
-                files[plan.name] = {"sha256": sha, "bytes": size}
+            if count > 1:
+                runner = _ProcessRunner(count, stack)
+            else:
+                source = st.Source(layout, str(staging) if staging is not None else None)
+                stack.callback(source.close)
+                runner = _ThreadRunner(source)
+            results = _run_shards(tasks, runner, count, sink, bar)
+            runner.close()
+            files = {
+                p.name: {"sha256": results[p.name].sha256, "bytes": results[p.name].bytes}
+                for p in plans
+            }
             for name in aux_files(layout.root):
                 _copy_in(runconfig.join(layout.root, name), sink.path(name))
                 sink.finish(name)
@@ -497,9 +591,19 @@ def stream_merge(
             }
             sink.commit(json.dumps(index, indent=2, sort_keys=True))
         except BaseException:
+            if runner is not None:
+                runner.kill()  # no worker may write into what abort removes
             sink.abort()
             raise
         seconds = time.monotonic() - started
+    cpu = _cpu_seconds() - cpu  # after the ExitStack: the workers have been waited for
     return StreamStats(
-        files, layout.total_bytes, len(deltas), len(layout.tensors) - len(deltas), seconds
+        files,
+        layout.total_bytes,
+        len(deltas),
+        len(layout.tensors) - len(deltas),
+        seconds,
+        count,
+        max(r.peak_rss_bytes for r in results.values()) if count > 1 else 0,
+        cpu,
     )

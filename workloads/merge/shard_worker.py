@@ -1,0 +1,255 @@
+"""Writes one output shard of the merge; stream.py runs one of these per shard in worker processes.
+
+A shard is written in one pass: its header (planned from the base headers, so every offset is
+known), then each tensor streamed from the base file into it. A tensor without a LoRA delta is a
+raw byte copy (never decoded); a LoRA target goes block of rows by block of rows: float32(base) +
+delta, cast back to the tensor's dtype (round to nearest even, as torch and ml_dtypes do). The
+sha256 of the shard is computed while it is written (HashingWriter), and the file is fsynced.
+
+Memory of one shard job: one block of rows in float32 and in the base dtype, the writer's two
+buffers and the LoRA factors of the shard's own targets, whatever the shard or model size.
+
+In a worker process, `init_process` arranges that the worker dies with the merge process (a
+killed merge leaves no worker writing behind it) and counts progress in shared counters.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import os
+import pathlib
+import signal
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
+
+import numpy as np
+
+from workloads.merge import mapping
+from workloads.merge import safetensors_io as st
+
+BLOCK_BYTES = 16 * 1024 * 1024  # float32 rows of a target processed at once (at least 512 rows)
+COPY_CHUNK = 16 * 1024 * 1024  # raw bytes of a copied tensor moved at once
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardPlan:
+    """One output file: its name, its tensors in write order and its header bytes."""
+
+    name: str
+    tensors: tuple[st.TensorInfo, ...]
+    header: bytes
+
+    @property
+    def size(self) -> int:
+        return len(self.header) + sum(t.nbytes for t in self.tensors)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardTask:
+    """Everything a worker needs to write one shard (pickled to a worker process).
+
+    Attributes:
+        plan: the shard.
+        path: the local file to write.
+        layout: the base checkpoint, reduced to the shard's tensors.
+        deltas: the deltas of the shard's LoRA targets only.
+        block_bytes: float32 bytes of a target tensor processed at once.
+    """
+
+    plan: ShardPlan
+    path: str
+    layout: st.Layout
+    deltas: dict[str, mapping.Delta]
+    block_bytes: int = BLOCK_BYTES
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardResult:
+    """A written shard: its sha256, its size and the peak RSS of the process that wrote it."""
+
+    name: str
+    sha256: str
+    bytes: int
+    peak_rss_bytes: int
+
+
+class Progress(Protocol):
+    def add(self, nbytes: int, tensors: int) -> None: ...
+
+
+class ThreadProgress:
+    """Bytes and tensors written so far, for shard jobs running in this process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.bytes = self.tensors = 0
+
+    def add(self, nbytes: int, tensors: int) -> None:
+        with self._lock:
+            self.bytes += nbytes
+            self.tensors += tensors
+
+    def read(self) -> tuple[int, int]:
+        with self._lock:
+            return self.bytes, self.tensors
+
+
+class SharedProgress:
+    """The same counters in shared memory, written by worker processes (multiprocessing.Value)."""
+
+    def __init__(self, nbytes: Any, tensors: Any):
+        self._bytes, self._tensors = nbytes, tensors
+
+    def add(self, nbytes: int, tensors: int) -> None:
+        with self._bytes.get_lock():
+            self._bytes.value += nbytes
+        if tensors:
+            with self._tensors.get_lock():
+                self._tensors.value += tensors
+
+    def read(self) -> tuple[int, int]:
+        return int(self._bytes.value), int(self._tensors.value)
+
+
+class Workspace:
+    """Buffers reused from block to block and tensor to tensor.
+
+    Fresh multi-megabyte arrays are fresh pages from the kernel: page faults cost more than the
+    arithmetic, so a shard job allocates its buffers once and grows them only when a wider tensor
+    needs it.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def get(self, name: str, nbytes: int) -> np.ndarray:
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.nbytes < nbytes:
+            buffer = self._buffers[name] = np.empty(nbytes, np.uint8)
+        return buffer[:nbytes]
+
+
+def block_rows(cols: int, row_block: int, block_bytes: int) -> int:
+    """Rows of a target processed at once: whole multiples of the delta's own blocks (so the
+    delta's bits do not depend on it), as many as fit `block_bytes` of float32, at least one."""
+    return row_block * max(1, block_bytes // (row_block * cols * 4))
+
+
+def merged_blocks(
+    info: st.TensorInfo,
+    delta: mapping.Delta,
+    source: st.Source,
+    writer: st.HashingWriter,
+    block_bytes: int = BLOCK_BYTES,
+    workspace: Workspace | None = None,
+) -> Iterator[int]:
+    """Submits the merged tensor to `writer`, block of rows by block of rows: float32(base) +
+    delta, cast back to the base dtype. Yields the bytes of each block as it is submitted."""
+    dtype = st.float_dtype(info.dtype)
+    assert dtype is not None  # stream.check_targets refused anything else
+    workspace = workspace or Workspace()
+    rows, cols = info.shape
+    per = min(rows, block_rows(cols, delta.row_block, block_bytes))
+    raw = workspace.get("raw", per * cols * info.itemsize)
+    acc = workspace.get("acc", per * cols * 4).view(np.float32).reshape(per, cols)
+    for start in range(0, rows, per):
+        n = min(rows, start + per) - start
+        nbytes = n * cols * info.itemsize
+        source.readinto(info, start * cols * info.itemsize, memoryview(raw[:nbytes]))
+        out = writer.buffer(nbytes)
+        if dtype == np.float32:  # compute straight into the buffer the writer will write
+            block = delta.rows(start, start + n, out=out.view(np.float32).reshape(n, cols))
+            block += raw[:nbytes].view(dtype).reshape(n, cols)
+        else:
+            block = delta.rows(start, start + n, out=acc[:n])
+            block += raw[:nbytes].view(dtype).reshape(n, cols)
+            np.copyto(out.view(dtype).reshape(n, cols), block, casting="unsafe")
+        writer.submit(out)
+        yield nbytes
+
+
+def copied_chunks(
+    info: st.TensorInfo, source: st.Source, writer: st.HashingWriter, chunk: int = COPY_CHUNK
+) -> Iterator[int]:
+    """Submits the tensor's raw bytes to `writer` unchanged; yields the bytes of each chunk."""
+    for start in range(0, info.nbytes, chunk):
+        out = writer.buffer(min(chunk, info.nbytes - start))
+        source.readinto(info, start, memoryview(out))
+        writer.submit(out)
+        yield out.nbytes
+
+
+def write_shard(
+    task: ShardTask,
+    source: st.Source,
+    progress: Progress,
+    workspace: Workspace | None = None,
+) -> tuple[str, int]:
+    """Writes the shard of `task`; returns its sha256 and size. A failure removes nothing (the
+    caller owns the directory) but closes the file."""
+    workspace = workspace or Workspace()
+    writer = st.HashingWriter(pathlib.Path(task.path))
+    try:
+        writer.write(task.plan.header)
+        for info in task.plan.tensors:
+            delta = task.deltas.get(info.name)
+            blocks = (
+                copied_chunks(info, source, writer)
+                if delta is None
+                else merged_blocks(info, delta, source, writer, task.block_bytes, workspace)
+            )
+            for nbytes in blocks:
+                progress.add(nbytes, 0)
+            source.done(info)
+            progress.add(0, 1)
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.close(), writer.bytes
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker processes.
+
+_PROGRESS: SharedProgress | None = None
+_PR_SET_PDEATHSIG = 1
+
+
+def init_process(parent: int, nbytes: Any, tensors: Any) -> None:
+    """Initializer of a worker process: dies with the merge process, counts into shared memory."""
+    global _PROGRESS
+    _PROGRESS = SharedProgress(nbytes, tensors)
+    try:  # Linux: SIGKILL when the parent dies, however it dies
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def run_in_process(task: ShardTask) -> ShardResult:
+    """A worker process's job: one shard, from its own handles on the base files."""
+    from workloads.merge import peak_rss_bytes
+
+    assert _PROGRESS is not None, "init_process did not run"
+    source = st.Source(task.layout)
+    try:
+        sha, size = write_shard(task, source, _PROGRESS)
+    finally:
+        source.close()
+    return ShardResult(task.plan.name, sha, size, peak_rss_bytes())
+
+
+def shard_layout(layout: st.Layout, plan: ShardPlan) -> st.Layout:
+    """`layout` restricted to the tensors of one shard (and the files that hold them)."""
+    names = {t.name for t in plan.tensors}
+    tensors = {name: info for name, info in layout.tensors.items() if name in names}
+    files = tuple(f for f in layout.files if any(t.file == f for t in tensors.values()))
+    return st.Layout(layout.root, files, tensors, layout.metadata)
+
+
+def shard_deltas(deltas: Mapping[str, mapping.Delta], plan: ShardPlan) -> dict[str, mapping.Delta]:
+    return {t.name: deltas[t.name] for t in plan.tensors if t.name in deltas}
