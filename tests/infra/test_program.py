@@ -527,5 +527,11 @@ def test_a_queued_stack_with_fallback_zones_reports_where_the_node_was_placed():
         "refusedZones": [],
     }
     assert rec.outputs["deployments"]["train"]["zone"] == "us-east5-a"
+    # Where infra.ops status/cost look for the stack's TPUs the state does not hold.
+    assert rec.outputs["tpuScope"] == {
+        "project": cfg.project,
+        "zones": ["us-central1-a", "us-east5-a", "europe-west4-b"],
+        "labels": {"app": "gemma4-tpu", "stack": "dev"},
+    }
     # The bucket stays in the first zone's region.
     assert rec.one(BUCKET).inputs["location"] == "US-CENTRAL1"
