@@ -432,7 +432,8 @@ cp "$RELEASES/${url##*/}" "$out"
 
 def _pulumi_release(releases: pathlib.Path, version: str, listed_hash: str | None) -> str:
     """A release dir as get.pulumi.com lays it out: the tarball (a fake `pulumi` that prints its
-    version) and the checksums file; `listed_hash` None = the tarball's true SHA-256."""
+    version) and the checksums file; `listed_hash` None = the tarball's true SHA-256, "" = no
+    line for the tarball."""
     import hashlib
     import io
 
@@ -442,22 +443,30 @@ def _pulumi_release(releases: pathlib.Path, version: str, listed_hash: str | Non
         info = tarfile.TarInfo("pulumi/pulumi")
         info.size, info.mode = len(script), 0o755
         tar.addfile(info, io.BytesIO(script))
-    digest = listed_hash or hashlib.sha256((releases / tarball).read_bytes()).hexdigest()
+    digest = (
+        hashlib.sha256((releases / tarball).read_bytes()).hexdigest()
+        if listed_hash is None
+        else listed_hash
+    )
+    line = f"{digest}  {tarball}\n" if digest else ""
     (releases / f"pulumi-{version}-checksums.txt").write_text(
-        f"{'0' * 64}  pulumi-v{version}-darwin-arm64.tar.gz\n{digest}  {tarball}\n"
+        f"{'0' * 64}  pulumi-v{version}-darwin-arm64.tar.gz\n{line}"
     )
     return tarball
 
 
-@pytest.mark.parametrize("tampered", [False, True])
+@pytest.mark.parametrize("listed", ["true", "tampered", "missing"])
 def test_the_pulumi_cli_is_installed_only_when_its_sha256_is_the_published_one(
-    tmp_path: pathlib.Path, tampered: bool
+    tmp_path: pathlib.Path, listed: str
 ) -> None:
     version = "3.999.0"
     releases, opt, bin_dir = (tmp_path / d for d in ("releases", "opt", "bin"))
     for d in (releases, opt, bin_dir):
         d.mkdir()
-    tarball = _pulumi_release(releases, version, "ab" * 32 if tampered else None)
+    tarball = _pulumi_release(
+        releases, version, {"true": None, "tampered": "ab" * 32, "missing": ""}[listed]
+    )
+    tampered = listed != "true"
     (bin_dir / "curl").write_text(FAKE_CURL)
     (bin_dir / "curl").chmod(0o755)
     script = (
