@@ -470,7 +470,19 @@ def _await_queue(
     deadline = start + request.queue.valid_for_s + max(poll_s * 2, 300)
     last: tuple[str, float] | None = None
     while True:
-        state = api.queued_state(name) or "GONE"
+        try:
+            state = api.queued_state(name) or "GONE"
+        except Exception as exc:
+            # A read that fails for a moment must not cost the queue its place (the create
+            # loop would delete it); the deadline still bounds the wait.
+            if classify(exc) != TRANSIENT or clock() > deadline:
+                raise
+            say(
+                f"{zone}: reading queued resource {request.node_id} failed "
+                f"({exception_line(exc)}); asking again in {poll_s:.0f} s"
+            )
+            sleep(poll_s)
+            continue
         if state == "ACTIVE":
             took = _took(clock() - start)
             say(f"{zone}: queued resource {request.node_id} is ACTIVE after {took}")

@@ -594,3 +594,23 @@ def test_the_google_adapter_sends_real_messages_and_reads_nodes_back_as_dicts():
     api.update_node("projects/p/locations/us-east5-a/nodes/n", spec, ["metadata"])
     body, paths = client.requests[-1][1]
     assert paths == ["metadata"] and body.name.endswith("/nodes/n") and not body.accelerator_type
+
+
+def test_a_transient_read_while_queued_keeps_the_queue_and_its_place():
+    class FlakyRead(FakeTpu):
+        def __init__(self) -> None:
+            super().__init__(queues={"us-central1-a": ["WAITING_FOR_RESOURCES", "ACTIVE"]})
+            self.failures = [UNAVAILABLE, DEADLINE]
+
+        def queued_state(self, name: str) -> str | None:
+            if self.failures:
+                raise self.failures.pop(0)
+            return super().queued_state(name)
+
+    api = FlakyRead()
+    request = _request(queue=tpu_placement.Queue(spot=True, valid_for_s=3600))
+    placement, said, _ = _place(api, request, poll_s=60)
+    assert placement.zone == "us-central1-a" and placement.refusals == ()
+    assert [c[0] for c in api.calls].count("create_queued_resource") == 1
+    assert not any(c[0] == "delete_queued_resource" for c in api.calls)
+    assert said[0].startswith("us-central1-a: reading queued resource gemma4-train failed")
