@@ -49,7 +49,6 @@ NOT_HERE_WORDS = (
     # received a bad request. update is not supported while in state PREEMPTED" (skypilot's GCP
     # failover handler, which treats code 3 as "preempted during creation").
     "not supported while in state preempted",
-    "preempted during create",
     # Operation error code 9 (FailedPrecondition): "Insufficient reserved capacity. Contact
     # customer support to increase your reservation." (same handler).
     "insufficient reserved capacity",
