@@ -262,9 +262,10 @@ class ServingSection(SliceSection, settings.ServeSettings):
         description="Zone of the serving slice; its region holds the serving bucket.",
     )
     provisioning: ProvisioningModel = _field(
-        "preemptible",
-        description="spot, preemptible or on-demand capacity, or queued (a queued resource that "
-        "waits for capacity; see queue).",
+        "spot",
+        description="spot (no run-time limit; the default), preemptible (the older model, "
+        "stopped after 24 h at most), on-demand, or queued (a queued resource that waits for "
+        "capacity; see queue).",
     )
     node_name: str | None = _field(None, description="TPU node name; null = `<namePrefix>-serve`.")
     stop_after_hours: float | None = _field(
@@ -272,7 +273,9 @@ class ServingSection(SliceSection, settings.ServeSettings):
         gt=0,
         le=8760,
         description="Stop the serving TPU this many hours after each boot (a stopped node is not "
-        "billed; `gcloud compute tpus tpu-vm start` brings it back); null = no limit.",
+        "billed; `gcloud compute tpus tpu-vm start` brings it back); null = no limit. Only an "
+        "on-demand node can be stopped (provisioning on-demand, or queued with queue.capacity "
+        "on-demand): a spot or preemptible one can only be deleted.",
     )
     min_concurrent_sequences: int = _field(
         1, ge=1, description="Full-length sequences the KV cache must hold (HBM check)."
@@ -294,7 +297,7 @@ class ServingSection(SliceSection, settings.ServeSettings):
 
 
 class RecoverySection(_Section):
-    """The recovery controller: an always-on e2-micro that recreates a preempted training TPU
+    """The recovery controller: an always-on small VM that recreates a preempted training TPU
     with the project's own `infra.ops recover --watch`, so no laptop has to stay awake."""
 
     enabled: bool = _field(
@@ -309,7 +312,10 @@ class RecoverySection(_Section):
     )
     zone: str | None = _field(None, description="Zone of the controller; null = training.zone.")
     machine_type: Literal["e2-micro", "e2-small", "e2-medium"] = _field(
-        "e2-micro", description="Machine type of the controller (it only waits and runs pulumi)."
+        "e2-small",
+        description="Machine type of the controller. e2-small (2 GB) holds a recovery's `pulumi "
+        "up` (program, provider, watch, engine, pulumi-gcp plugin) with room to spare; e2-micro "
+        "(1 GB) is cheaper and leans on the controller's 1 GiB swap file at that peak.",
     )
     interval_seconds: int = _field(
         120, ge=30, le=3600, description="How often the controller checks the training TPU."

@@ -89,14 +89,19 @@ def node_cost(info: VmInfo, client: tpu_api.TpuApi, now: datetime.datetime) -> N
     node = tpu_api.get_node(client, tpu_api.node_path(str(info.project), str(info.zone), info.vm))
     if node is None:
         return NodeCost(info.role, info.vm, "NOT_FOUND")
+    return price(info.role, info.vm, node, now)
+
+
+def price(role: str, vm: str, node: Any, now: datetime.datetime) -> NodeCost:
+    """The priced state of a node the TPU API returned (get_node or list_nodes)."""
     state = tpu_api.state_name(node)
     accelerator = str(getattr(node, "accelerator_type", "") or "") or None
     known = catalog.ACCELERATORS.get(accelerator or "")
     created = _as_datetime(getattr(node, "create_time", None))
     hours = max(0.0, (now - created).total_seconds() / 3600) if created else None
     return NodeCost(
-        info.role,
-        info.vm,
+        role,
+        vm,
         state,
         accelerator,
         _provisioning(node),
@@ -105,8 +110,15 @@ def node_cost(info: VmInfo, client: tpu_api.TpuApi, now: datetime.datetime) -> N
     )
 
 
-def report(costs: Sequence[NodeCost], out: TextIO, always_on: Sequence[AlwaysOn] = ()) -> None:
-    """One line per VM, then the totals."""
+def report(
+    costs: Sequence[NodeCost],
+    out: TextIO,
+    always_on: Sequence[AlwaysOn] = (),
+    leftover_lines: Sequence[str] = (),
+    leftover_costs: Sequence[NodeCost] = (),
+) -> None:
+    """One line per VM, then what bills outside the state (infra/leftovers.py: its lines, and
+    the costs of its billed nodes, counted in the totals), then the totals."""
     for c in costs:
         head = f"{c.role} VM {c.vm}: {c.state}"
         if not c.billing:
@@ -131,7 +143,9 @@ def report(costs: Sequence[NodeCost], out: TextIO, always_on: Sequence[AlwaysOn]
             f"(${vm.monthly_usd:,.2f}/month, the stack's estimate)",
             file=out,
         )
-    running = [c for c in costs if c.billing and c.hourly_usd is not None]
+    for line in leftover_lines:
+        print(line, file=out)
+    running = [c for c in (*costs, *leftover_costs) if c.billing and c.hourly_usd is not None]
     hourly = sum(c.hourly_usd or 0.0 for c in running) + sum(vm.hourly_usd for vm in always_on)
     so_far = sum(c.so_far_usd or 0.0 for c in running)
     upper = any(c.provisioning != "on-demand" for c in running)
@@ -151,8 +165,11 @@ def run(
     client: tpu_api.TpuApi,
     now: datetime.datetime | None = None,
     always_on: Sequence[AlwaysOn] = (),
+    leftover_lines: Sequence[str] = (),
+    leftover_costs: Sequence[NodeCost] = (),
 ) -> int:
-    """Prices every VM of the stack; 0."""
+    """Prices every VM of the stack (and what bills outside its state); 0."""
     moment = now or datetime.datetime.now(datetime.UTC)
-    report([node_cost(info, client, moment) for info in infos], out, always_on)
+    costs = [node_cost(info, client, moment) for info in infos]
+    report(costs, out, always_on, leftover_lines, leftover_costs)
     return 0

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 import fabric
 
-from infra import cost, recover, remote, ssh, tpu_api
+from infra import cost, leftovers, recover, remote, ssh, tpu_api
 from infra.stack_outputs import (
     OpsError,
     Released,
@@ -363,11 +363,13 @@ def main(
             if args.command != "status":
                 raise
             print(f"{args.vm} VM: {exc}", file=out)  # the run's normal end, not an error
+            _print_leftovers(outputs, out, tpu_client_factory)
             return 0
         if args.command == "status":
             code = status(info, out, tpu_client_factory=tpu_client_factory)
             if watcher and info.role == "train":
                 print(watcher, file=out)
+            _print_leftovers(outputs, out, tpu_client_factory)
             return code
         if args.command == "logs":
             return logs(info, out, follow=args.follow, lines=args.lines)
@@ -435,15 +437,46 @@ def _cost(
     elif not roles:
         raise OpsError("the stack has no 'deployments' output: run `pulumi up` first")
     always_on = _controller_cost(outputs)
+    infos = _deployed(outputs)
+    lines, extra = leftovers.report_lines(outputs, infos, tpu_client_factory)
     if not roles:
-        cost.report([], out, always_on)
+        cost.report([], out, always_on, lines, extra)
         return 0
-    infos = [vm_info(outputs, role, require_hosts=False) for role in roles]
     client = tpu_api.client(tpu_client_factory)
     try:
-        return cost.run(infos, out, client=client, always_on=always_on)
+        return cost.run(
+            infos,
+            out,
+            client=client,
+            always_on=always_on,
+            leftover_lines=lines,
+            leftover_costs=extra,
+        )
     except Exception as exc:
         raise OpsError(f"cannot read the TPU nodes: {errors.exception_line(exc)}") from exc
+
+
+def _print_leftovers(
+    outputs: dict[str, Any], out: TextIO, tpu_client_factory: Callable[[], Any] | None
+) -> None:
+    """What of the stack bills or may bill outside its state (infra/leftovers.py)."""
+    for line in leftovers.report_lines(outputs, _deployed(outputs), tpu_client_factory)[0]:
+        print(line, file=out)
+
+
+def _deployed(outputs: dict[str, Any]) -> list[VmInfo]:
+    """The VMs the stack's state holds (its deployments; none when the training VM was
+    released and serving is off)."""
+    deployments = outputs.get("deployments")
+    if release_message(outputs) is not None and isinstance(deployments, dict):
+        deployments = {k: v for k, v in deployments.items() if k != "train"}
+    if not isinstance(deployments, dict):
+        return []
+    return [
+        vm_info({"deployments": deployments}, role, require_hosts=False)
+        for role in ROLES
+        if role in deployments
+    ]
 
 
 def _exec(argv: list[str]) -> int:

@@ -113,6 +113,17 @@ def hourly_cost(cfg: config_mod.StackConfig) -> dict[str, Any]:
     }
 
 
+def tpu_scope(cfg: config_mod.StackConfig, labels: dict[str, str]) -> dict[str, Any]:
+    """The project, every zone either VM may be placed in, and the labels that mark the stack's
+    TPUs (what infra.leftovers scans)."""
+    zones = [*cfg.training.zones, *(cfg.serving.zones if cfg.serving.enabled else ())]
+    return {
+        "project": cfg.project,
+        "zones": list(dict.fromkeys(zones)),
+        "labels": {k: labels[k] for k in ("app", "stack")},
+    }
+
+
 def resolve_ssh_keys(cfg: config_mod.StackConfig) -> str:
     """The ssh-keys metadata line `user:<public key>` (reads `<privateKeyFile>.pub` if needed).
 
@@ -405,6 +416,8 @@ def stack_outputs(res: StackResources) -> dict[str, Any]:
         "mergedDir": res.run_config.merge.out if res.run_config.merge else None,
         "estimatedHourlyUsd": hourly_cost(cfg),
         "deployments": deploy_mod.ops_outputs(res.deployments),
+        # Where `infra.ops status`/`cost` look for this stack's TPUs the state does not hold.
+        "tpuScope": tpu_scope(cfg, res.labels),
     }
     if res.train_vm is not None:
         outputs |= {

@@ -157,6 +157,12 @@ def _secret_config(key_name: str, problems: list[str]) -> Any:
             f"{key_name}: stored in plain text: set it with "
             f"`pulumi config set --secret {key_name} ...`"
         )
+    if value is not None and not (pulumi.Config(PROJECT).get(key_name) or "").strip():
+        # Set but empty: it would pass here and fail only on a VM (a download, a login).
+        problems.append(
+            f"{key_name}: empty: set its value with `pulumi config set --secret {key_name} ...`, "
+            f"or remove it (`pulumi config rm {key_name}`)"
+        )
     return value
 
 

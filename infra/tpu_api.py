@@ -153,6 +153,12 @@ class GoogleTpuApi:
         queued = unless_gone(lambda: self._client.get_queued_resource(name=name))
         return None if queued is None else queued.state.state.name
 
+    def get_queued(self, name: str) -> dict[str, Any] | None:
+        queued = unless_gone(lambda: self._client.get_queued_resource(name=name))
+        if queued is None:
+            return None
+        return type(queued).to_dict(queued, use_integers_for_enums=False)
+
     def delete_queued_resource(self, name: str) -> None:
         tpu = self._types()
         request = tpu.DeleteQueuedResourceRequest(name=name, force=True)

@@ -215,6 +215,66 @@ def rule_slices(cfg: StackConfig) -> list[str]:
     return problems
 
 
+def _zone_repeats(section: str, zone: str, fallbacks: Iterable[str]) -> list[str]:
+    seen = {zone: f"{section}.zone"}
+    problems = []
+    for i, fallback in enumerate(fallbacks):
+        key = f"{section}.zoneFallbacks[{i}]"
+        if fallback in seen:
+            problems.append(
+                f"{key}: {fallback!r}: already listed as {seen[fallback]}; list each zone once"
+            )
+        else:
+            seen[fallback] = key
+    return problems
+
+
+def rule_zone_lists(cfg: StackConfig) -> list[str]:
+    """Each zone once per slice: zone first, then zoneFallbacks (a repeat would be tried once and
+    the list silently shortened)."""
+    problems = _zone_repeats("training", cfg.training.zone, cfg.training.zone_fallbacks)
+    if cfg.serving.enabled:
+        problems += _zone_repeats("serving", cfg.serving.zone, cfg.serving.zone_fallbacks)
+    return problems
+
+
+def _queue_unused(section: str, provisioning: str, fields_set: Iterable[str]) -> list[str]:
+    if "queue" not in fields_set or provisioning == "queued":
+        return []
+    return [
+        f"{section}.queue: set, but {section}.provisioning is {provisioning!r}: the queue "
+        f"settings apply only to provisioning: queued; remove {section}.queue or set "
+        f"{section}.provisioning: queued"
+    ]
+
+
+def rule_provisioning(cfg: StackConfig) -> list[str]:
+    """Settings that only one capacity model uses are refused with another: the queue settings
+    need provisioning: queued; serving.stopAfterHours needs a node that can be stopped. Google's
+    Cloud TPU docs: a Spot VM (the current form of the older preemptible TPUs, without their
+    24-hour limit) cannot be restarted, only deleted and created again; a preemptible TPU is
+    likewise preempted or deleted, never stopped. Only on-demand capacity (direct, or through a
+    queued resource, whose ACTIVE node is managed like any other) can be stopped and started."""
+    problems = _queue_unused("training", cfg.training.provisioning, cfg.training.model_fields_set)
+    if not cfg.serving.enabled:
+        return problems
+    provisioning = cfg.serving.provisioning
+    problems += _queue_unused("serving", provisioning, cfg.serving.model_fields_set)
+    hours = cfg.serving.stop_after_hours
+    kind: str = provisioning
+    if kind == "queued":
+        kind = "on-demand" if cfg.serving.queue.capacity == "on-demand" else "queued spot"
+    if hours is not None and kind != "on-demand":
+        default = "" if "provisioning" in cfg.serving.model_fields_set else ", the default"
+        problems.append(
+            f"serving.stopAfterHours: {hours:g}: a {kind} TPU (serving.provisioning: "
+            f"{provisioning}{default}) cannot be stopped, only deleted; set serving.provisioning: "
+            "on-demand (or queued with serving.queue.capacity: on-demand), or remove "
+            "serving.stopAfterHours"
+        )
+    return problems
+
+
 def cross_region_fallbacks(cfg: StackConfig) -> list[str]:
     """Warnings, not errors: a fallback zone outside the bucket's region works, but a VM placed
     there reads its data across regions (slower, and the transfer is billed)."""
@@ -421,15 +481,35 @@ def rule_memory(cfg: StackConfig) -> list[str]:
         need = serving_hbm_bytes(cfg)
         budget = serve_acc.hbm_bytes_per_chip * cfg.serving.hbm_utilization
         if need > budget:
+            key, value = _serving_hbm_key(cfg)
             problems.append(
-                f"serving.tensorParallelSize: {cfg.serving.tensor_parallel_size}: estimated HBM "
+                f"{key}: {value}: estimated HBM "
                 f"per chip {_fmt_gb(need)} (weights / TP + KV cache for "
                 f"{cfg.serving.min_concurrent_sequences} x {cfg.serving.max_model_len} tokens) "
                 f"exceeds {cfg.serving.hbm_utilization:.0%} of the "
                 f"{_fmt_gb(serve_acc.hbm_bytes_per_chip)} of {serve_acc.name}; raise the TP or "
-                "lower maxModelLen"
+                "lower maxModelLen or minConcurrentSequences"
             )
     return problems
+
+
+def _serving_hbm_key(cfg: StackConfig) -> tuple[str, object]:
+    """(serving.<key>, its value) for the HBM message: the first of these that the stack sets,
+    or tensorParallelSize when it sets none (the defaults themselves do not fit). The
+    concurrent sequences come first: a stack that raises them names them, not a TP it kept."""
+    keys = (
+        (
+            "min_concurrent_sequences",
+            "minConcurrentSequences",
+            cfg.serving.min_concurrent_sequences,
+        ),
+        ("tensor_parallel_size", "tensorParallelSize", cfg.serving.tensor_parallel_size),
+        ("max_model_len", "maxModelLen", cfg.serving.max_model_len),
+        ("hbm_utilization", "hbmUtilization", cfg.serving.hbm_utilization),
+    )
+    fields_set = cfg.serving.model_fields_set
+    _, key, value = next((k for k in keys if k[0] in fields_set), keys[1])
+    return f"serving.{key}", value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -596,6 +676,8 @@ RULES: tuple[Rule, ...] = (
     rule_names,
     rule_references,
     rule_slices,
+    rule_zone_lists,
+    rule_provisioning,
     rule_bucket_regions,
     rule_model,
     rule_mesh,

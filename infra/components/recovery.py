@@ -3,7 +3,7 @@
 Why a VM: `python -m infra.ops recover --watch` on the user's machine stops when the laptop
 sleeps, and a preempted spot run then waits for a human. The controller runs that same command
 (the project's own recover loop, from the source the last `pulumi up` uploaded) against the same
-gs:// Pulumi state, so a recovery is exactly the user's `pulumi up --replace`. An e2-micro
+gs:// Pulumi state, so a recovery is exactly the user's `pulumi up --replace`. A small
 Compute Engine VM is the simplest thing that holds a long-running watch with a Pulumi CLI
 (a Cloud Run job would need its own container image and a scheduler).
 
@@ -45,6 +45,9 @@ RECOVER_PERMISSIONS = (
 )
 IMAGE = "debian-cloud/debian-12"
 DISK_GB = 10
+# The swap file the startup script makes: the peak of a recovery (program, provider, watch,
+# Pulumi engine, pulumi-gcp plugin) must not meet the OOM killer (README, recovery controller).
+SWAP_MB = 1024
 # The service user's home on the controller: `~/` in ssh.privateKeyFile means this there.
 RUN_HOME = "/var/lib/gemma4-recover"
 
@@ -115,6 +118,7 @@ def render_startup(
         backend_url=args.backend_url,
         source_uri=source_uri,
         pulumi_version=startup.pinned_versions()["pulumi"],
+        swap_mb=SWAP_MB,
         ssh_key_secret=ssh_key_secret,
         ssh_key_file=key_path_on_controller(args.ssh_key_file),
         passphrase_secret=passphrase_secret,

@@ -108,6 +108,18 @@ def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> tuple[list[
     return changed, replaces
 
 
+def _gone_now(id_: str, olds: Mapping[str, Any]) -> bool:
+    """Whether the node is preempted, terminated or deleted: what the API says now, or, when it
+    cannot be asked (preview without credentials), what the last refresh recorded."""
+    if not id_ or dynamic_values.is_unknown(id_):
+        return False
+    try:
+        node = new_api().get_node(id_)
+    except Exception:
+        return str(olds.get("state") or "") in tpu_placement.NODE_GONE
+    return node is None or str(node.get("state") or "") in tpu_placement.NODE_GONE
+
+
 class TpuNodeProvider(pulumi.dynamic.ResourceProvider):
     """create places (zone failover, queue), update changes labels/metadata in place, delete
     removes the node and its queued resource, read refreshes state and addresses."""
@@ -119,6 +131,11 @@ class TpuNodeProvider(pulumi.dynamic.ResourceProvider):
         self, _id: str, olds: dict[str, Any], news: dict[str, Any]
     ) -> pulumi.dynamic.DiffResult:
         changed, replaces = plan_change(olds, news)
+        if _gone_now(_id, olds):
+            # A preempted spot/preemptible node cannot be restarted or updated (the API refuses
+            # "update is not supported while in state PREEMPTED"): delete and create it again.
+            changed.append("state")
+            replaces.append("state")
         return pulumi.dynamic.DiffResult(
             changes=bool(changed),
             replaces=replaces,
@@ -140,6 +157,15 @@ class TpuNodeProvider(pulumi.dynamic.ResourceProvider):
         changed, _ = plan_change(olds, news)
         fields = [k for k in changed if k in tpu_placement.UPDATABLE]
         api = new_api()
+        current = api.get_node(id_)
+        state = str((current or {}).get("state") or "GONE")
+        if current is None or state in tpu_placement.NODE_GONE:
+            # Preempted between this `up`'s diff and its update: never update it in place.
+            raise tpu_placement.PlacementError(
+                f"TPU node {id_.rsplit('/', 1)[-1]} is {state}: it cannot be updated, only "
+                "replaced; run `pulumi up` again (it replaces the node) or `python -m infra.ops "
+                "recover`"
+            )
         tpu_placement.update(api, id_, node_spec(news), fields)
         outs = {k: v for k, v in news.items() if k != "__provider"}
         outs |= {k: olds.get(k) for k in OUTPUT_KEYS}

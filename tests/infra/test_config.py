@@ -166,3 +166,23 @@ def test_stack_file_reader_drops_secrets(tmp_path):
     )
     assert stack_config.read_stack_file(path) == {"project": "my-project-1"}
     assert stack_config.stack_file_has_hf_token(path)
+
+
+@pytest.mark.parametrize("key", ["hfToken", "recoveryPassphrase", "recoverySshKey"])
+def test_an_empty_secret_is_refused_in_one_line_naming_it(key):
+    """Set but empty (`pulumi config set --secret hfToken ""`): it would pass here and fail only
+    on a VM, hours later."""
+    pulumi.runtime.set_mocks(pulumi_mocks.RecordingMocks(), project="gemma4-tpu", stack="dev")
+    values = stack_config.pulumi_config_strings(pulumi_mocks.stack_file_config("dev"))
+    values[f"gemma4-tpu:{key}"] = "  "
+    pulumi.runtime.set_all_config(values, [f"gemma4-tpu:{key}"])
+    problems: list[str] = []
+    assert stack_config._secret_config(key, problems) is not None
+    assert problems == [
+        f"{key}: empty: set its value with `pulumi config set --secret {key} ...`, or remove it "
+        f"(`pulumi config rm {key}`)"
+    ]
+    if key == "hfToken":  # through the program's own reader too
+        with pytest.raises(config.ConfigError) as info:
+            stack_config.load_stack_config()
+        assert info.value.problems[0].startswith("hfToken: empty:")

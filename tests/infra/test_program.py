@@ -113,7 +113,7 @@ def test_tpu_vms(run):
             "v6e-8",
             "v2-alpha-tpuv6e",
             "asia-northeast1-b",
-            {"preemptible": True},
+            {"spot": True},
             cfg.serving_node_name,
         )
     assert {r.name for r in rec.of_type(TPU)} == set(expected)
@@ -483,7 +483,8 @@ def test_a_released_run_leaves_its_training_node_out(monkeypatch):
 
 def test_a_serving_time_limit_grants_only_self_stop(monkeypatch):
     mapping = pulumi_mocks.stack_file_config("prod")
-    mapping["serving"] = {**mapping["serving"], "stopAfterHours": 8}
+    # Only an on-demand node can be stopped (a spot or preemptible one is deleted instead).
+    mapping["serving"] = {**mapping["serving"], "stopAfterHours": 8, "provisioning": "on-demand"}
     rec = pulumi_mocks.run_program("prod", mapping, hf_token=TOKEN)
     assert sorted(rec.one(CUSTOM_ROLE).inputs["permissions"]) == [
         "tpu.nodes.get",
@@ -527,5 +528,11 @@ def test_a_queued_stack_with_fallback_zones_reports_where_the_node_was_placed():
         "refusedZones": [],
     }
     assert rec.outputs["deployments"]["train"]["zone"] == "us-east5-a"
+    # Where infra.ops status/cost look for the stack's TPUs the state does not hold.
+    assert rec.outputs["tpuScope"] == {
+        "project": cfg.project,
+        "zones": ["us-central1-a", "us-east5-a", "europe-west4-b"],
+        "labels": {"app": "gemma4-tpu", "stack": "dev"},
+    }
     # The bucket stays in the first zone's region.
     assert rec.one(BUCKET).inputs["location"] == "US-CENTRAL1"

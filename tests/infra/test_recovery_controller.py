@@ -13,7 +13,7 @@ import tarfile
 import pulumi
 import pytest
 
-from infra import source_archive, stack_config
+from infra import source_archive, stack_config, templating
 from infra.components import recovery as recovery_mod
 from tests.fixtures import pulumi_mocks
 
@@ -56,7 +56,9 @@ def rec() -> pulumi_mocks.Recording:
 def test_the_controller_is_a_small_vm_with_its_own_identity(rec) -> None:
     cfg = stack_config.parse_stack_config(_mapping())
     vm = rec.one(INSTANCE).inputs
-    assert vm["machineType"] == "e2-micro" and vm["zone"] == cfg.training.zone
+    # e2-small by default: a recovery's `pulumi up` (program, provider, watch, engine, plugin)
+    # leaves an e2-micro's 1 GB little room.
+    assert vm["machineType"] == "e2-small" and vm["zone"] == cfg.training.zone
     assert vm["name"] == f"{cfg.name_prefix}-recover"
     assert vm["bootDisk"]["initializeParams"]["image"] == "debian-cloud/debian-12"
     assert vm["serviceAccount"]["email"].startswith(f"{cfg.name_prefix}-recover@")
@@ -146,11 +148,11 @@ def test_the_outputs_say_where_it_runs_and_what_it_costs(rec) -> None:
     out = rec.outputs["recoveryController"]
     assert out["vm"].endswith("-recover") and out["address"].startswith("198.51.100.")
     assert out["estimatedMonthlyUsd"] == {
-        "machine": 6.13,
+        "machine": 12.26,
         "disk": 0.4,
         "address": 3.65,
         "secrets": 0.12,
-        "total": 10.3,
+        "total": 16.43,
     }
     assert out["logsCommand"].endswith("-- journalctl -u gemma4-recover -f")
 
@@ -256,7 +258,7 @@ def test_a_stack_whose_secrets_use_a_kms_key_grants_that_key_and_needs_no_passph
     assert "readonly PASSPHRASE_SECRET=''" in script
     # One secret version fewer in the estimate.
     cost = rec.outputs["recoveryController"]["estimatedMonthlyUsd"]
-    assert cost["secrets"] == 0.06 and cost["total"] == 10.24
+    assert cost["secrets"] == 0.06 and cost["total"] == 16.37
 
 
 def test_a_secrets_provider_the_controller_cannot_reach_is_one_line(
@@ -412,3 +414,102 @@ def test_the_startup_script_passes_shellcheck(rec, tmp_path: pathlib.Path) -> No
     subprocess.run(["bash", "-n", str(path)], check=True)
     lint = subprocess.run(["shellcheck", "--shell=bash", str(path)], capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout
+
+
+FAKE_CURL = """#!/bin/sh
+# curl -fsSL -o FILE URL: serves URL's file name from $RELEASES; records what was asked.
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -o) out=$2; shift 2 ;;
+    -*) shift ;;
+    *) url=$1; shift ;;
+  esac
+done
+echo "$url" >>"$CALLS"
+cp "$RELEASES/${url##*/}" "$out"
+"""
+
+
+def _pulumi_release(releases: pathlib.Path, version: str, listed_hash: str | None) -> str:
+    """A release dir as get.pulumi.com lays it out: the tarball (a fake `pulumi` that prints its
+    version) and the checksums file; `listed_hash` None = the tarball's true SHA-256, "" = no
+    line for the tarball."""
+    import hashlib
+    import io
+
+    tarball = f"pulumi-v{version}-linux-x64.tar.gz"
+    script = f"#!/bin/sh\necho v{version}\n".encode()
+    with tarfile.open(releases / tarball, "w:gz") as tar:
+        info = tarfile.TarInfo("pulumi/pulumi")
+        info.size, info.mode = len(script), 0o755
+        tar.addfile(info, io.BytesIO(script))
+    digest = (
+        hashlib.sha256((releases / tarball).read_bytes()).hexdigest()
+        if listed_hash is None
+        else listed_hash
+    )
+    line = f"{digest}  {tarball}\n" if digest else ""
+    (releases / f"pulumi-{version}-checksums.txt").write_text(
+        f"{'0' * 64}  pulumi-v{version}-darwin-arm64.tar.gz\n{line}"
+    )
+    return tarball
+
+
+@pytest.mark.parametrize("listed", ["true", "tampered", "missing"])
+def test_the_pulumi_cli_is_installed_only_when_its_sha256_is_the_published_one(
+    tmp_path: pathlib.Path, listed: str
+) -> None:
+    version = "3.999.0"
+    releases, opt, bin_dir = (tmp_path / d for d in ("releases", "opt", "bin"))
+    for d in (releases, opt, bin_dir):
+        d.mkdir()
+    tarball = _pulumi_release(
+        releases, version, {"true": None, "tampered": "ab" * 32, "missing": ""}[listed]
+    )
+    tampered = listed != "true"
+    (bin_dir / "curl").write_text(FAKE_CURL)
+    (bin_dir / "curl").chmod(0o755)
+    script = (
+        templating.render(
+            "startup/recover.sh.j2",
+            project="acme",
+            stack="dev",
+            backend_url=BACKEND,
+            source_uri="gs://b/recovery/source-dev.tar.gz",
+            pulumi_version=version,
+            swap_mb=recovery_mod.SWAP_MB,
+            ssh_key_secret="s",
+            ssh_key_file="/k",
+            passphrase_secret="",
+            interval_s=60,
+        )
+        .replace("/opt/pulumi", str(opt / "pulumi"))
+        .replace('\nmain "$@"\n', "\nensure_pulumi\n")
+    )
+    (tmp_path / "startup.sh").write_text(script)
+    calls = tmp_path / "calls"
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "RELEASES": str(releases),
+        "CALLS": str(calls),
+    }
+    run = subprocess.run(
+        ["bash", str(tmp_path / "startup.sh")], env=env, capture_output=True, text=True
+    )
+    # The tarball and Pulumi's checksums file of the same release, from get.pulumi.com.
+    assert calls.read_text().splitlines() == [
+        f"https://get.pulumi.com/releases/sdk/{tarball}",
+        f"https://get.pulumi.com/releases/sdk/pulumi-{version}-checksums.txt",
+    ]
+    if tampered:
+        assert run.returncode != 0
+        assert not (opt / "pulumi").exists()
+        logged = [line for line in run.stdout.splitlines() if "gemma4-recover:" in line]
+        assert len(logged) == 1 and logged[0].endswith(
+            f"pulumi {version}: {tarball} does not match Pulumi's published SHA-256 "
+            f"(https://get.pulumi.com/releases/sdk/pulumi-{version}-checksums.txt); not installed"
+        )
+    else:
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert (opt / "pulumi" / "pulumi").is_file()
+        assert f"pulumi v{version} installed (SHA-256 verified)" in run.stdout

@@ -40,7 +40,9 @@ def test_create_places_the_node_and_records_the_zone(api: FakeTpu, capsys) -> No
     assert outs["network_endpoints"][0]["access_config"]["external_ip"] == "203.0.113.9"
     assert "__provider" not in outs
     # The progress lines go to the provider's stderr, which `pulumi up` shows.
-    assert "TPU node gemma4-train: us-central1-a: no capacity" in capsys.readouterr().err
+    assert "TPU node gemma4-train: us-central1-a: cannot place gemma4-train here" in (
+        capsys.readouterr().err
+    )
 
 
 def test_a_later_up_keeps_the_zone_and_changes_what_it_can_in_place(api: FakeTpu) -> None:
@@ -94,3 +96,32 @@ def test_the_provider_is_stored_by_reference_and_not_as_a_secret() -> None:
     assert isinstance(dill.loads(base64.b64decode(text)), tpu_node.TpuNodeProvider)
     assert len(text) < 400  # the module is imported by name in the provider process
     assert provider.serialize_as_secret_always is False
+
+
+def test_a_preempted_node_is_replaced_never_updated(api: FakeTpu) -> None:
+    """The API refuses to update a PREEMPTED node, and a spot node cannot be restarted: the next
+    `up` replaces it (delete, then create), even when only its metadata changed."""
+    provider = tpu_node.TpuNodeProvider()
+    created = provider.create(dict(PROPS))
+    state = created.outs or {}
+    script = {**PROPS, "metadata": {"startup-script": "#!/bin/bash\necho v2\n"}}
+    assert provider.diff(created.id, state, script).replaces == []
+    api.nodes[created.id]["state"] = "PREEMPTED"
+    diff = provider.diff(created.id, state, script)
+    assert diff.replaces == ["state"] and diff.delete_before_replace is True
+    assert provider.diff(created.id, state, dict(PROPS)).replaces == ["state"]
+    # Preempted between the diff and the update: refused in one line, nothing sent.
+    with pytest.raises(tpu_node.tpu_placement.PlacementError) as info:
+        provider.update(created.id, state, script)
+    assert str(info.value).startswith("TPU node gemma4-train is PREEMPTED: it cannot be updated")
+    assert not any(c[0] == "update_node" for c in api.calls)
+
+    # The API out of reach (preview without credentials): the last refresh's state decides.
+    def unreachable(name: str) -> None:
+        raise RuntimeError("no credentials")
+
+    api.get_node = unreachable  # type: ignore[method-assign]
+    assert provider.diff(created.id, {**state, "state": "PREEMPTED"}, dict(PROPS)).replaces == [
+        "state"
+    ]
+    assert provider.diff(created.id, state, dict(PROPS)).replaces == []

@@ -104,6 +104,15 @@ class FakeTpu:
                 self._node(node_name, spec["node"], name)
         return state
 
+    def get_queued(self, name: str) -> dict[str, Any] | None:
+        queued = self.queued.get(name)
+        if queued is None:
+            return None
+        return {
+            "tpu": copy.deepcopy(queued["body"]["tpu"]),
+            "state": {"state": queued["states"][0]},
+        }
+
     def delete_queued_resource(self, name: str) -> None:
         self.calls.append(("delete_queued_resource", name))
         queued = self.queued.pop(name, None)
@@ -112,9 +121,11 @@ class FakeTpu:
             self.nodes.pop(f"{spec['parent']}/nodes/{spec['node_id']}", None)
 
 
-def _request(zones: tuple[str, ...] = ZONES, **kwargs: Any) -> tpu_placement.Request:
+def _request(
+    zones: tuple[str, ...] = ZONES, node: Mapping[str, Any] = NODE, **kwargs: Any
+) -> tpu_placement.Request:
     return tpu_placement.Request(
-        project="p", node_id="gemma4-train", zones=zones, node=NODE, **kwargs
+        project="p", node_id="gemma4-train", zones=zones, node=node, **kwargs
     )
 
 
@@ -165,7 +176,7 @@ def test_every_zone_refusing_names_each_zone_and_what_to_do():
     with pytest.raises(tpu_placement.NoCapacity) as info:
         _place(api, _request())
     message = str(info.value)
-    assert message.startswith("TPU node gemma4-train: no zone had capacity (us-central1-a: ")
+    assert message.startswith("TPU node gemma4-train: no zone could take it (us-central1-a: ")
     assert all(f"{z}: ResourceExhausted" in message for z in ZONES)
     assert "add zones to zoneFallbacks, use provisioning: queued" in message
     assert api.nodes == {}
@@ -322,16 +333,172 @@ def test_only_description_labels_metadata_and_tags_change_in_place():
         tpu_placement.update(api, name, NODE, ["accelerator_type"])
 
 
-def test_capacity_errors_are_told_from_others():
-    assert tpu_placement.is_capacity_error(STOCKOUT)
-    assert tpu_placement.is_capacity_error(QUOTA)
-    assert tpu_placement.is_capacity_error(exceptions.TooManyRequests("slow down"))
-    assert not tpu_placement.is_capacity_error(exceptions.PermissionDenied("tpu.nodes.create"))
-    # "insufficient" in a permission message is not about capacity.
-    assert not tpu_placement.is_capacity_error(
-        exceptions.PermissionDenied("Insufficient permissions: tpu.nodes.create")
+# The Cloud TPU API's refusals as google-api-core raises them (the create call's own status, or
+# `exceptions.from_grpc_status(code, message)` from the operation's result()); messages as seen
+# in public reports (tpu_placement.NOT_HERE_WORDS cites where).
+LOCATION_REFUSED = exceptions.PermissionDenied(
+    "Location europe-west1-b is not found or access is unauthorized."
+)
+NOT_OFFERED = exceptions.from_grpc_status(
+    3,
+    "Cloud TPU received a bad request. The requested accelerator configuration for accelerator "
+    'type, "v5p-8", could not be found in the zonal accelerator configurations for '
+    '"us-central1-b".; the accelerator v5p-8 was not found in zone us-central1-b [EID: 0x5be9]',
+)
+PREEMPTED_WHILE_CREATING = exceptions.from_grpc_status(
+    3,
+    "Cloud TPU received a bad request. update is not supported while in state PREEMPTED "
+    "[EID: 0x7301]",
+)
+NO_RESERVATION = exceptions.from_grpc_status(
+    9,
+    "Insufficient reserved capacity. Contact customer support to increase your reservation.",
+)
+QUOTA_429 = exceptions.ResourceExhausted(
+    "Quota 'TPUV5PPerProjectPerZoneForTPUAPI' exhausted. Limit 8 in zone us-east5-a"
+)
+INTERNAL = exceptions.from_grpc_status(13, "TPU operation failed: an internal error")
+UNAVAILABLE = exceptions.ServiceUnavailable("The service is currently unavailable.")
+DEADLINE = exceptions.DeadlineExceeded("Deadline Exceeded")
+
+
+def test_each_real_refusal_shape_is_classified_per_zone():
+    elsewhere = [
+        STOCKOUT,
+        QUOTA,
+        QUOTA_429,
+        exceptions.TooManyRequests("slow down"),
+        LOCATION_REFUSED,
+        NOT_OFFERED,
+        PREEMPTED_WHILE_CREATING,
+        NO_RESERVATION,
+        tpu_placement.QueueGaveUp("queued resource FAILED"),
+    ]
+    for exc in elsewhere:
+        assert tpu_placement.classify(exc) == tpu_placement.ELSEWHERE, exc
+    for exc in (INTERNAL, UNAVAILABLE, DEADLINE, exceptions.BadGateway("bad gateway")):
+        assert tpu_placement.classify(exc) == tpu_placement.TRANSIENT, exc
+    fatal = [
+        exceptions.PermissionDenied("Permission 'tpu.nodes.create' denied on resource"),
+        # "insufficient" in a permission message is not about capacity.
+        exceptions.PermissionDenied("Insufficient permissions: tpu.nodes.create"),
+        exceptions.InvalidArgument("Invalid runtime version v2-alpha-tpuv9"),
+        exceptions.NotFound("Network 'projects/p/global/networks/nope' not found"),
+        exceptions.Unauthenticated("Request had invalid authentication credentials."),
+        exceptions.AlreadyExists("Resource already exists"),
+        exceptions.MethodNotImplemented("not implemented"),
+        RuntimeError("something else broke"),
+    ]
+    for exc in fatal:
+        assert tpu_placement.classify(exc) == tpu_placement.FATAL, exc
+
+
+def test_zone_fallback_moves_past_every_not_here_refusal():
+    zones = ("us-central1-a", "us-central1-b", "europe-west1-b", "us-east5-a", "us-east5-b")
+    api = FakeTpu(
+        refuse={
+            "us-central1-a": PREEMPTED_WHILE_CREATING,
+            "us-central1-b": NOT_OFFERED,
+            "europe-west1-b": LOCATION_REFUSED,
+            "us-east5-a": NO_RESERVATION,
+        },
+        leave_half_made=True,
     )
-    assert not tpu_placement.is_capacity_error(exceptions.InvalidArgument("runtime version"))
+    placement, said, _ = _place(api, _request(zones=zones))
+    assert placement.zone == "us-east5-b"
+    assert [r.split(":")[0] for r in placement.refusals] == list(zones[:4])
+    assert list(api.nodes) == ["projects/p/locations/us-east5-b/nodes/gemma4-train"]
+    assert "us-central1-b: cannot place gemma4-train here (InvalidArgument: " in said[1]
+
+
+def test_a_transient_failure_is_retried_in_the_same_zone_with_a_bounded_backoff():
+    class Flaky(FakeTpu):
+        def __init__(self, failures: list[Exception]):
+            super().__init__(leave_half_made=True)
+            self.failures = failures
+
+        def create_node(self, parent: str, node_id: str, node: Mapping[str, Any]) -> None:
+            if self.failures:
+                self.refuse[_zone(parent)] = self.failures.pop(0)
+            else:
+                self.refuse.pop(_zone(parent), None)
+            super().create_node(parent, node_id, node)
+
+    api = Flaky([UNAVAILABLE, INTERNAL])
+    placement, said, clock = _place(api, _request())
+    assert placement.zone == "us-central1-a" and placement.refusals == ()
+    assert clock.sleeps == list(tpu_placement.TRANSIENT_BACKOFF_S)
+    assert said[0].startswith("us-central1-a: the TPU API failed (ServiceUnavailable: ")
+    assert said[0].endswith("trying again in 30 s (1/3)")
+    assert list(api.nodes) == ["projects/p/locations/us-central1-a/nodes/gemma4-train"]
+
+    # A zone whose API keeps failing is given up after TRANSIENT_TRIES, and the next one asked.
+    api = Flaky([DEADLINE] * tpu_placement.TRANSIENT_TRIES)
+    placement, _, clock = _place(api, _request())
+    assert placement.zone == "us-east5-a"
+    assert placement.refusals[0].endswith("(failed 3 times)")
+    assert sum(clock.sleeps) == sum(tpu_placement.TRANSIENT_BACKOFF_S)
+
+
+def test_leftover_queued_resources_are_adopted_or_deleted():
+    """An interrupted `up` (or a refresh) leaves queued resources under the node's id that the
+    state does not know: the next create would fail AlreadyExists, and a forgotten queue can
+    start a billed TPU later."""
+    queue = tpu_placement.Queue(spot=True, valid_for_s=3600)
+    request = _request(queue=queue)
+    api = FakeTpu(queues={"us-east5-a": ["WAITING_FOR_RESOURCES", "ACTIVE"]})
+    failed = request.queued_name("us-central1-a")
+    waiting = request.queued_name("us-east5-a")
+    api.create_queued_resource(request.parent("us-central1-a"), "gemma4-train", {})
+    api.queued[failed] = {
+        "body": tpu_placement.queued_body(request, "us-central1-a"),
+        "states": ["FAILED"],
+    }
+    api.queued[waiting] = {
+        "body": tpu_placement.queued_body(request, "us-east5-a"),
+        "states": ["WAITING_FOR_RESOURCES", "ACTIVE"],
+    }
+    api.calls.clear()
+    placement, said, _ = _place(api, request)
+    # The waiting one is adopted (not created again: no AlreadyExists), the failed one deleted.
+    assert placement.zone == "us-east5-a" and placement.queued_resource == waiting
+    assert ("delete_queued_resource", failed) in api.calls
+    assert not any(c[0] == "create_queued_resource" for c in api.calls)
+    assert said[0] == (
+        "us-central1-a: deleting queued resource gemma4-train (FAILED) left by an earlier up"
+    )
+    assert "from an earlier up is WAITING_FOR_RESOURCES; waiting on it" in said[1]
+    assert list(api.queued) == [waiting]
+
+    # A direct (not queued) request deletes any queued resource left under its id.
+    api = FakeTpu()
+    api.queued[waiting] = {
+        "body": tpu_placement.queued_body(request, "us-east5-a"),
+        "states": ["WAITING_FOR_RESOURCES"],
+    }
+    placement, _, _ = _place(api, _request())
+    assert placement.zone == "us-central1-a" and api.queued == {}
+
+    # Someone else's queued resource under that name is not touched.
+    api = FakeTpu()
+    foreign = {**NODE, "labels": {"app": "other"}}
+    api.queued[waiting] = {
+        "body": tpu_placement.queued_body(_request(queue=queue, node=foreign), "us-east5-a"),
+        "states": ["WAITING_FOR_RESOURCES"],
+    }
+    with pytest.raises(tpu_placement.PlacementError, match="queued resource gemma4-train"):
+        _place(api, request)
+    assert waiting in api.queued
+
+
+def test_a_second_node_left_by_an_interrupted_up_is_deleted_and_the_first_kept():
+    api = FakeTpu()
+    for zone in ("us-east5-a", "europe-west4-b"):
+        api._node(_request().node_name(zone), tpu_placement.marked(NODE), None)
+    placement, said, _ = _place(api, _request())
+    assert (placement.zone, placement.adopted) == ("us-east5-a", True)
+    assert list(api.nodes) == ["projects/p/locations/us-east5-a/nodes/gemma4-train"]
+    assert said[-1].startswith("europe-west4-b: gemma4-train also exists here (READY)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -427,3 +594,23 @@ def test_the_google_adapter_sends_real_messages_and_reads_nodes_back_as_dicts():
     api.update_node("projects/p/locations/us-east5-a/nodes/n", spec, ["metadata"])
     body, paths = client.requests[-1][1]
     assert paths == ["metadata"] and body.name.endswith("/nodes/n") and not body.accelerator_type
+
+
+def test_a_transient_read_while_queued_keeps_the_queue_and_its_place():
+    class FlakyRead(FakeTpu):
+        def __init__(self) -> None:
+            super().__init__(queues={"us-central1-a": ["WAITING_FOR_RESOURCES", "ACTIVE"]})
+            self.failures = [UNAVAILABLE, DEADLINE]
+
+        def queued_state(self, name: str) -> str | None:
+            if self.failures:
+                raise self.failures.pop(0)
+            return super().queued_state(name)
+
+    api = FlakyRead()
+    request = _request(queue=tpu_placement.Queue(spot=True, valid_for_s=3600))
+    placement, said, _ = _place(api, request, poll_s=60)
+    assert placement.zone == "us-central1-a" and placement.refusals == ()
+    assert [c[0] for c in api.calls].count("create_queued_resource") == 1
+    assert not any(c[0] == "delete_queued_resource" for c in api.calls)
+    assert said[0].startswith("us-central1-a: reading queued resource gemma4-train failed")

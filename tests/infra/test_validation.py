@@ -78,6 +78,61 @@ CASES = [
         "training.queue.validForHours: 1000: Input should be less than or equal to 720",
     ),
     (
+        "zone-repeating-the-primary",
+        DEV,
+        {"training": {"zoneFallbacks": ["us-east5-a", "us-central1-a"]}},
+        True,
+        "training.zoneFallbacks[1]: 'us-central1-a': already listed as training.zone; list each "
+        "zone once",
+    ),
+    (
+        "fallback-zone-twice",
+        PROD,
+        {"serving": {"zoneFallbacks": ["asia-northeast1-b"]}},
+        True,
+        "serving.zoneFallbacks[0]: 'asia-northeast1-b': already listed as serving.zone",
+    ),
+    (
+        "queue-settings-without-a-queue",
+        DEV,
+        {"training": {"queue": {"validForHours": 6}}},
+        True,
+        "training.queue: set, but training.provisioning is 'spot': the queue settings apply only "
+        "to provisioning: queued; remove training.queue or set training.provisioning: queued",
+    ),
+    (
+        "stop-a-spot-serving-node-by-default",
+        DEV,
+        {"serving": {"enabled": True, "stopAfterHours": 8}},
+        True,
+        "serving.stopAfterHours: 8: a spot TPU (serving.provisioning: spot, the default) cannot "
+        "be stopped, only deleted; set serving.provisioning: on-demand (or queued with "
+        "serving.queue.capacity: on-demand), or remove serving.stopAfterHours",
+    ),
+    (
+        "stop-a-preemptible-serving-node",
+        PROD,
+        {"serving": {"provisioning": "preemptible", "stopAfterHours": 1.5}},
+        True,
+        "serving.stopAfterHours: 1.5: a preemptible TPU (serving.provisioning: preemptible) "
+        "cannot be stopped",
+    ),
+    (
+        "stop-a-queued-spot-serving-node",
+        PROD,
+        {"serving": {"provisioning": "queued", "stopAfterHours": 8}},
+        True,
+        "serving.stopAfterHours: 8: a queued spot TPU (serving.provisioning: queued) cannot be "
+        "stopped",
+    ),
+    (
+        "vllm-hbm-names-the-key-set",
+        PROD,
+        {"serving": {"minConcurrentSequences": 64}},
+        True,
+        "serving.minConcurrentSequences: 64: estimated HBM per chip",
+    ),
+    (
         "queue-capacity-typo",
         DEV,
         {"training": {"queue": {"capacity": "preemptible"}}},
@@ -582,13 +637,19 @@ def test_valid_variants_pass():
                 "training": {
                     "provisioning": "queued",
                     "queue": {"capacity": "on-demand", "validForHours": 6},
-                    "zoneFallbacks": ["us-east5-a", "us-central1-a"],
+                    "zoneFallbacks": ["us-east5-a"],
                 }
             },
         ),
         has_hf_token=True,
     )
-    assert cfg.training.zones == ("us-central1-a", "us-east5-a")  # each zone once, in order
+    assert cfg.training.zones == ("us-central1-a", "us-east5-a")
+    # A serving node that can be stopped: on-demand, directly or through a queue.
+    for serving in (
+        {"provisioning": "on-demand", "stopAfterHours": 8},
+        {"provisioning": "queued", "queue": {"capacity": "on-demand"}, "stopAfterHours": 8},
+    ):
+        stack_config.parse_stack_config(_merge(PROD, {"serving": serving}), has_hf_token=True)
     for image in (
         "registry.example.com:5000/ml/vllm-tpu:2026-11-01",
         "us-docker.pkg.dev/acme/ml/vllm-tpu@sha256:" + "0a" * 32,
