@@ -14,12 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
-import os
 import pathlib
 import shutil
-import subprocess
-import sys
 import tempfile
 import zipfile
 from collections.abc import Sequence
@@ -28,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import jinja2
 import pulumi
 
-from infra import remote, ssh, ssh_deployment, templating
+from infra import remote, ssh, ssh_deployment, templating, wheel_build
 from infra.deployment_record import VmInfo
 from workloads import runconfig
 
@@ -37,7 +33,7 @@ if TYPE_CHECKING:  # the config model is only needed for the type; no import cyc
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT_WHEEL_CACHE = REPO_ROOT / ".whl"
-# What goes into the wheel build (copied to a clean temp dir so stale build/ files never leak in).
+# The files the wheel is built from (their hash is the build cache key).
 WHEEL_SOURCES = ("pyproject.toml", "README.md", "LICENSE", "setup.cfg", "workloads", "infra")
 # The content hash ignores `infra/` (shipped in the same distribution but never run on the VMs)
 # and RECORD (it lists infra's hashes): editing the Pulumi program does not restart training.
@@ -79,7 +75,7 @@ def run_config_for(role: Role, run_config: runconfig.RunConfig) -> runconfig.Run
 
 
 class WheelBuildError(Exception):
-    """`pip wheel` failed on this checkout; the message has pip's last lines."""
+    """The checkout cannot be built into a wheel; the message names the file or key."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,10 +128,14 @@ def wheel_hash(wheel_path: str | pathlib.Path) -> str:
 def build_wheel(
     source_dir: pathlib.Path = REPO_ROOT, cache_dir: pathlib.Path = DEFAULT_WHEEL_CACHE
 ) -> Wheel:
-    """Builds the wheel of this checkout with `pip wheel --no-deps`, cached by source hash.
+    """Builds the wheel of this checkout (infra.wheel_build: no pip, no setuptools, offline),
+    cached by source hash.
+
+    The same source files give the same members on any machine (a clone or the recovery
+    controller's copy from the source archive), hence the same wheel_hash and fingerprint.
 
     Raises:
-        WheelBuildError: pip failed (its output's tail is in the message).
+        WheelBuildError: pyproject.toml cannot be built (the message names the key or file).
     """
     key = source_hash(source_dir)[:20]
     target = cache_dir / key
@@ -144,43 +144,14 @@ def build_wheel(
         return Wheel(str(found[0]), wheel_hash(found[0]))
     cache_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".build-") as tmp:
-        src = pathlib.Path(tmp) / "src"
-        src.mkdir()
-        for path in _source_files(source_dir):
-            dest = src / path.relative_to(source_dir)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, dest)
-        out = pathlib.Path(tmp) / "out"
-        argv = [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-input",
-            "--disable-pip-version-check",
-            "-q",
-            "-w",
-            str(out),
-            str(src),
-        ]
-        if importlib.util.find_spec("setuptools") is not None:
-            argv.insert(4, "--no-build-isolation")  # offline and fast when the venv has setuptools
-        env = {**os.environ, "SOURCE_DATE_EPOCH": "315532800"}  # 1980-01-01: reproducible zips
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp, check=False)
-        wheels = sorted(out.glob("*.whl"))
-        if proc.returncode != 0 or len(wheels) != 1:
-            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-            raise WheelBuildError(
-                f"pip wheel {source_dir} failed (exit {proc.returncode}):\n{tail}"
-            )
         staged = pathlib.Path(tmp) / key
-        staged.mkdir()
-        shutil.move(str(wheels[0]), staged / wheels[0].name)
         try:
-            staged.rename(
-                target
-            )  # atomic: a concurrent build of the same source wins or loses whole
+            wheel_build.build(source_dir, staged)
+        except wheel_build.WheelBuildError as exc:
+            raise WheelBuildError(f"building the wheel of {source_dir}: {exc}") from None
+        try:
+            # Atomic: a concurrent build of the same source wins or loses whole.
+            staged.rename(target)
         except OSError:
             if not target.is_dir():
                 raise
