@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import jinja2
 import pulumi
 
-from infra import remote, ssh, ssh_deployment, templating, wheel_build
+from infra import remote, ssh, ssh_access, ssh_deployment, templating, wheel_build
 from infra.deployment_record import VmInfo
 from workloads import runconfig
 
@@ -282,7 +282,8 @@ class WorkloadsDeploymentArgs:
         role: "train" (train + merge units) or "serve" (serve + eval + bench units).
         hosts: worker addresses, worker 0 first (usually an Output of the TPU VM).
         run_config: the run config rendered from the stack config (infra.runconfig_render).
-        ssh: user, private key (None = ssh-agent), project-local known_hosts, port.
+        ssh: the stack, user, key fingerprint, known_hosts name, port: portable values only;
+            the key file is found on the machine that runs each operation (infra.ssh_access).
         project: Google Cloud project (for `python -m infra.ops status`).
         zone: the VM's zone (same).
         remote_root: prefix of every remote path; "/" on real VMs (tests use a temp dir).
@@ -297,7 +298,7 @@ class WorkloadsDeploymentArgs:
     role: Role
     hosts: pulumi.Input[Sequence[str]]
     run_config: runconfig.RunConfig
-    ssh: ssh.SshSettings
+    ssh: ssh_access.SshAccess
     project: str | None = None
     zone: pulumi.Input[str] | None = None
     remote_root: str = "/"
@@ -328,15 +329,15 @@ class WorkloadsDeployment(pulumi.ComponentResource):
         layout = remote.RemoteLayout(args.remote_root)
         plan = plan_units(args.role, args.run_config, layout)
         wheel = args.wheel or build_wheel()
-        settings = args.ssh.resolved()
-        use_sudo = args.use_sudo if args.use_sudo is not None else settings.user != "root"
+        access = args.ssh
+        use_sudo = args.use_sudo if args.use_sudo is not None else access.user != "root"
         yaml_text = args.run_config.to_yaml()
         inputs = ssh_deployment.DeploymentInputs(
             vm=args.vm,
             hosts=[],
-            ssh=settings,
+            ssh=access,
             bundle=remote.Bundle(
-                wheel_path=wheel.path,
+                wheel_path=ssh_access.portable_path(wheel.path),
                 wheel_sha256=wheel.sha256,
                 run_config_yaml=yaml_text,
                 units=plan.units,
@@ -357,7 +358,7 @@ class WorkloadsDeployment(pulumi.ComponentResource):
             role=args.role,
             vm=args.vm,
             hosts=[],
-            settings=settings,
+            access=access,
             use_sudo=use_sudo,
             remote_root=args.remote_root,
             units=sorted(plan.units),
@@ -385,7 +386,7 @@ def declare(
     role: Role,
     hosts: pulumi.Input[Sequence[str]],
     run_config: runconfig.RunConfig,
-    ssh_settings: ssh.SshSettings,
+    access: ssh_access.SshAccess,
     project: str | None = None,
     zone: pulumi.Input[str] | None = None,
     opts: pulumi.ResourceOptions | None = None,
@@ -399,7 +400,7 @@ def declare(
         role: "train" or "serve".
         hosts: worker addresses (Output of the TPU VM component), worker 0 first.
         run_config: infra.runconfig_render.render_run_config(cfg).
-        ssh_settings: e.g. ssh.SshSettings(user=cfg.ssh.user, key_path=cfg.ssh.private_key_file).
+        access: how to reach the workers (declare_for_stack builds it from the stack config).
         project: Google Cloud project id.
         zone: the VM's zone (an Output of the TPU VM: where it was placed).
         opts: resource options (depends_on the VM, the bucket, the secret IAM binding).
@@ -413,7 +414,7 @@ def declare(
         role=role,
         hosts=hosts,
         run_config=run_config,
-        ssh=ssh_settings,
+        ssh=access,
         project=project,
         zone=zone,
         **overrides,
@@ -448,8 +449,14 @@ def declare_for_stack(
     Returns:
         role -> component; export `ops_outputs(result)` as the `deployments` stack output.
     """
-    settings = ssh.SshSettings(
-        user=cfg.ssh.user, key_path=cfg.ssh.private_key_file, known_hosts=known_hosts
+    # Portable values only: the key file is found where each operation runs (infra.ssh_access).
+    access = ssh_access.SshAccess(
+        stack=pulumi.get_stack(),
+        user=cfg.ssh.user,
+        key_fingerprint=ssh_access.configured_fingerprint(
+            cfg.ssh.public_key, cfg.ssh.private_key_file
+        ),
+        known_hosts=known_hosts,
     )
     result: dict[str, WorkloadsDeployment] = {}
     vms: tuple[tuple[Role, pulumi.Input[Sequence[str]] | None, str, pulumi.Input[str]], ...] = (
@@ -465,7 +472,7 @@ def declare_for_stack(
             role=role,
             hosts=hosts,
             run_config=run_config_for(role, run_config),
-            ssh_settings=settings,
+            access=access,
             project=cfg.project,
             zone=zone,
             opts=opts,

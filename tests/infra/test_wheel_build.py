@@ -67,10 +67,11 @@ def test_a_changed_file_changes_the_wheel(tmp_path: pathlib.Path) -> None:
 
 def test_members_and_requirements_match_a_setuptools_build(tmp_path: pathlib.Path) -> None:
     ours = wheel_build.build(REPO, tmp_path / "ours")
+    copy = _copy_sources(tmp_path / "copy")  # setuptools writes build/ and *.egg-info into it
     proc = subprocess.run(
         [
             *(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"),
-            *("--disable-pip-version-check", "-w", str(tmp_path / "theirs"), str(REPO)),
+            *("--disable-pip-version-check", "-w", str(tmp_path / "theirs"), str(copy)),
         ],
         capture_output=True,
         text=True,
