@@ -71,8 +71,10 @@ class SshSection(_Section):
     )
     private_key_file: str | None = _field(
         "~/.ssh/id_ed25519",
-        description="Private key the deployment and the SSH commands use; null = the keys of a "
-        "running ssh-agent (then publicKey must be set).",
+        description="Private key the deployment and the SSH commands use, read from the stack "
+        "file of the machine running each up, destroy or ops command (`~` = that machine's home; "
+        "never stored in the state); null = the keys of a running ssh-agent (then publicKey "
+        "must be set).",
     )
     source_ranges: tuple[str, ...] = _field(
         (),

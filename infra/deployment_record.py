@@ -2,15 +2,18 @@
 
 infra.components.workloads builds a VmInfo per VM and exports it (`to_output`) in the stack's
 `deployments` output; infra.ops and infra.recover read it back (`from_output`). One dataclass
-for both sides: a field added here is exported and read with the same name.
+for both sides: a field added here is exported and read with the same name. The SSH part is
+portable (infra.ssh_access.SshAccess): `settings` finds the key file on the machine that reads
+it, so `ops` works from the recovery controller and from any clone alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
-from infra import ssh
+from infra import ssh, ssh_access
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,7 +24,7 @@ class VmInfo:
     role: str
     vm: str
     hosts: list[str]
-    settings: ssh.SshSettings
+    access: ssh_access.SshAccess
     use_sudo: bool
     remote_root: str
     units: list[str]
@@ -33,19 +36,14 @@ class VmInfo:
 
     @classmethod
     def from_output(cls, role: str, data: dict[str, Any]) -> VmInfo:
-        settings = ssh.SshSettings(
-            user=str(data["ssh_user"]),
-            key_path=data.get("ssh_key_path") or None,
-            known_hosts=str(data.get("known_hosts") or ssh.DEFAULT_KNOWN_HOSTS),
-            port=int(data.get("port") or 22),
-        )
+        access = ssh_access.SshAccess.from_props(data)
         units = [str(u) for u in data.get("units") or []]
         return cls(
             role=role,
             vm=str(data.get("vm") or role),
             hosts=[str(h) for h in data.get("hosts") or []],
-            settings=settings,
-            use_sudo=bool(data.get("use_sudo", settings.user != "root")),
+            access=access,
+            use_sudo=bool(data.get("use_sudo", access.user != "root")),
             remote_root=str(data.get("remote_root") or "/"),
             units=units,
             start=[str(u) for u in data.get("start") or units[:1]],
@@ -63,10 +61,7 @@ class VmInfo:
             "project": self.project,
             "zone": self.zone,
             "hosts": list(self.hosts),
-            "ssh_user": self.settings.user,
-            "ssh_key_path": self.settings.key_path,
-            "known_hosts": self.settings.known_hosts,
-            "port": self.settings.port,
+            **self.access.to_props(),
             "use_sudo": self.use_sudo,
             "remote_root": self.remote_root,
             "units": list(self.units),
@@ -74,6 +69,15 @@ class VmInfo:
             "run_dir": self.run_dir,
             "serve_port": self.serve_port,
         }
+
+    @functools.cached_property
+    def settings(self) -> ssh.SshSettings:
+        """How this machine reaches the workers (infra.ssh_access.settings_here).
+
+        Raises:
+            ssh_access.SshAccessError: this machine's stack file cannot be read.
+        """
+        return ssh_access.settings_here(self.access)
 
     def label(self, index: int) -> str:
         return f"[{self.vm} w{index} {self.hosts[index]}]"

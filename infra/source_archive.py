@@ -18,13 +18,16 @@ import tarfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # What the program needs to run (pip installs the project from pyproject.toml, which names the
-# README); the stack's own Pulumi.<stack>.yaml is added per stack. Never .venv, .git, the
+# README) and every file the workloads wheel is built from (LICENSE is in the wheel: without it
+# the controller's wheel, hence the deployment fingerprint, would differ from the laptop's); the
+# stack's own Pulumi.<stack>.yaml is added per stack. Never .venv, .git, the
 # wheel cache or the project-local known_hosts (the controller keeps its own).
 ENTRIES = (
     "Pulumi.yaml",
     "pyproject.toml",
     "constraints.txt",
     "README.md",
+    "LICENSE",
     "infra",
     "workloads",
     "templates",

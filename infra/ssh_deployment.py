@@ -22,7 +22,8 @@ import fabric
 import pulumi
 import pulumi.dynamic
 
-from infra import dynamic_values, remote, ssh
+from infra import dynamic_values, remote, ssh, ssh_access
+from infra.ssh import SshSettings  # the field `ssh` below shadows the module in the class
 
 LOG = logging.getLogger("infra.ssh_deployment")
 
@@ -39,8 +40,9 @@ CONTENT_KEYS = (
     "start",
     "install_deps",
 )
-# How to reach the workers: an update so the state (used by delete) follows the config.
-CONNECTION_KEYS = ("port", "ssh_user", "ssh_key_path", "known_hosts", "use_sudo")
+# How to reach the workers: an update so the state (used by delete) follows the config. Only
+# portable values (infra.ssh_access): each operation finds the key file on its own machine.
+CONNECTION_KEYS = ("stack", "port", "ssh_user", "ssh_key_fingerprint", "known_hosts", "use_sudo")
 
 
 def _still_ours(conn: Any, settings: Any) -> bool:
@@ -61,7 +63,8 @@ class DeploymentInputs:
     Attributes:
         vm: TPU node name (for messages and the resource id).
         hosts: addresses of every worker of the VM, worker 0 first.
-        ssh: user, identity, known_hosts and port.
+        ssh: the stack, user, key fingerprint, known_hosts name and port (portable: the key
+            file is found on the machine that runs each operation, `settings`).
         bundle: what is installed on every worker (wheel, run config, units; infra.remote).
         use_sudo: prefix privileged commands with `sudo -n` (any user but root).
         remote_root: prefix of every remote path ("/" on real VMs).
@@ -70,7 +73,7 @@ class DeploymentInputs:
 
     vm: str
     hosts: Sequence[str]
-    ssh: ssh.SshSettings
+    ssh: ssh_access.SshAccess
     bundle: remote.Bundle
     use_sudo: bool = True
     remote_root: str = "/"
@@ -81,11 +84,7 @@ class DeploymentInputs:
         return {
             "vm": self.vm,
             "hosts": list(self.hosts),
-            "port": self.ssh.port,
-            "ssh_user": self.ssh.user,
-            "ssh_key_path": self.ssh.key_path,
-            "known_hosts": self.ssh.known_hosts,
-            "connect_timeout_s": self.ssh.connect_timeout_s,
+            **self.ssh.to_props(),
             "use_sudo": self.use_sudo,
             "wheel_path": b.wheel_path,
             "wheel_sha256": b.wheel_sha256,
@@ -103,19 +102,12 @@ class DeploymentInputs:
     @classmethod
     def from_props(cls, props: Mapping[str, Any]) -> DeploymentInputs:
         # Numbers cross the Pulumi wire as floats: convert back where an int is meant.
-        settings = ssh.SshSettings(
-            user=str(props["ssh_user"]),
-            key_path=props.get("ssh_key_path") or None,
-            known_hosts=str(props.get("known_hosts") or ssh.DEFAULT_KNOWN_HOSTS),
-            port=int(props.get("port") or 22),
-            connect_timeout_s=float(props.get("connect_timeout_s") or 15.0),
-        )
         return cls(
             vm=str(props["vm"]),
             hosts=[str(h) for h in props["hosts"]],
-            ssh=settings,
+            ssh=ssh_access.SshAccess.from_props(props),
             bundle=remote.Bundle(
-                wheel_path=str(props["wheel_path"]),
+                wheel_path=ssh_access.local_path(str(props["wheel_path"])),
                 wheel_sha256=str(props["wheel_sha256"]),
                 run_config_yaml=str(props["run_config_yaml"]),
                 units={str(k): str(v) for k, v in dict(props["units"]).items()},
@@ -128,8 +120,12 @@ class DeploymentInputs:
             ready_timeout_s=float(props.get("ready_timeout_s") or 3600.0),
         )
 
-    def connections(self) -> list[fabric.Connection]:
-        return [ssh.connect(host, self.ssh) for host in self.hosts]
+    def settings(self) -> SshSettings:
+        """How this machine reaches the workers (its key file, its known_hosts)."""
+        return ssh_access.settings_here(self.ssh)
+
+    def connections(self, settings: SshSettings) -> list[fabric.Connection]:
+        return [ssh.connect(host, settings) for host in self.hosts]
 
 
 def units_sha256(units: Mapping[str, str]) -> str:
@@ -226,10 +222,11 @@ class SshDeploymentProvider(pulumi.dynamic.ResourceProvider):
         # Stopping units is best effort: the VM is usually being deleted too (or was preempted
         # and replaced, and its address may now belong to another machine).
         inputs = DeploymentInputs.from_props(props)
-        conns = inputs.connections()
+        settings = inputs.settings()
+        conns = inputs.connections(settings)
         try:
             with concurrent.futures.ThreadPoolExecutor(max_workers=len(conns) or 1) as pool:
-                answers = list(pool.map(lambda c: _still_ours(c, inputs.ssh), conns))
+                answers = list(pool.map(lambda c: _still_ours(c, settings), conns))
             reachable = [c for c, ok in zip(conns, answers, strict=True) if ok]
             for conn, ok in zip(conns, answers, strict=True):
                 if not ok:
@@ -249,7 +246,8 @@ class SshDeploymentProvider(pulumi.dynamic.ResourceProvider):
 
     def _deploy(self, inputs: DeploymentInputs, props: Mapping[str, Any]) -> dict[str, Any]:
         bundle = inputs.bundle
-        conns = inputs.connections()
+        settings = inputs.settings()
+        conns = inputs.connections(settings)
         try:
             results = remote.deploy_all(
                 inputs.vm,
@@ -259,13 +257,17 @@ class SshDeploymentProvider(pulumi.dynamic.ResourceProvider):
                 sudo=inputs.use_sudo,
                 ready_timeout_s=inputs.ready_timeout_s,
                 ready_initial_delay_s=self.ready_initial_delay_s,
-                settings=inputs.ssh,
+                settings=settings,
                 hook=_log_step,
             )
         finally:
             for conn in conns:
                 conn.close()
-        outs = {k: v for k, v in props.items() if k != "__provider"}
+        outs = {
+            k: v
+            for k, v in props.items()
+            if k != "__provider" and k not in ssh_access.MACHINE_LOCAL_KEYS
+        }
         outs["units_sha256"] = units_sha256(inputs.bundle.units)
         outs["run_config_sha256"] = remote.sha256_text(inputs.bundle.run_config_yaml)
         outs["fingerprint"] = bundle.fingerprint

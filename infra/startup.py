@@ -11,6 +11,7 @@ import functools
 import hashlib
 import pathlib
 import re
+import tomllib
 from typing import Any
 
 from infra import config as config_mod
@@ -30,6 +31,7 @@ HF_HOME = "/dev/shm/huggingface"
 LIBTPU_FIND_LINKS = "https://storage.googleapis.com/jax-releases/libtpu_releases.html"
 
 CONSTRAINTS_FILE = pathlib.Path(__file__).resolve().parent.parent / "constraints.txt"
+PYPROJECT_FILE = CONSTRAINTS_FILE.parent / "pyproject.toml"
 
 
 def normalized_name(name: str) -> str:
@@ -91,12 +93,36 @@ TRAIN_PACKAGES = (
 SERVE_PACKAGES = ("gcsfs", "matplotlib")
 
 
+@functools.cache
+def core_packages(path: pathlib.Path = PYPROJECT_FILE) -> tuple[str, ...]:
+    """The workloads wheel's own dependencies (pyproject's [project].dependencies, names only).
+
+    Both VMs install them at boot from the lock, so the deployment's `pip install <wheel>` finds
+    them present and adds nothing unpinned.
+    """
+    requirements = tomllib.loads(path.read_text())["project"]["dependencies"]
+    return tuple(re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0] for r in requirements)
+
+
+def _pinned_all(packages: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(pinned(p) for p in packages))  # in order, each once
+
+
 def train_requirements() -> tuple[str, ...]:
-    return (f"--find-links {LIBTPU_FIND_LINKS}", *(pinned(p) for p in TRAIN_PACKAGES))
+    return (f"--find-links {LIBTPU_FIND_LINKS}", *_pinned_all((*TRAIN_PACKAGES, *core_packages())))
 
 
 def serve_requirements() -> tuple[str, ...]:
-    return tuple(pinned(p) for p in SERVE_PACKAGES)
+    return _pinned_all((*SERVE_PACKAGES, *core_packages()))
+
+
+def lock() -> tuple[str, ...]:
+    """The whole of constraints.txt as `name==version` lines: what pip gets as `-c` on the VMs,
+    as CI installs with `-c constraints.txt`. The top-level pins say what to install; the lock
+    pins everything they pull in, so a VM runs the versions CI tested, not the day's newest.
+    Constraints install nothing by themselves: the CPU-only test packages (torch, pytest, ...)
+    in the lock stay off the VMs."""
+    return tuple(f"{name}=={version}" for name, version in sorted(pinned_versions().items()))
 
 
 VERILOG_EVAL_REPO = "https://github.com/NVlabs/verilog-eval.git"
@@ -105,8 +131,10 @@ VERILOG_EVAL_COMMIT = "65c87a832b6cb752c38490b397df372f6ddc1c89"
 _SERVE_DEFAULTS = runconfig.ServeSection.model_fields
 
 
-def _requirements_digest(requirements: tuple[str, ...]) -> str:
-    return hashlib.sha256("\n".join(requirements).encode()).hexdigest()[:16]
+def _requirements_digest(requirements: tuple[str, ...], constraints: tuple[str, ...]) -> str:
+    """Changes when a pin or the lock changes: the venv is installed again at the next boot."""
+    text = "\n".join(requirements) + "\n--constraints--\n" + "\n".join(constraints)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _common(
@@ -125,7 +153,8 @@ def _common(
         "python": PYTHON,
         "venv_dir": VENV_DIR,
         "requirements": list(requirements),
-        "requirements_digest": _requirements_digest(requirements),
+        "constraints": list(lock()),
+        "requirements_digest": _requirements_digest(requirements, lock()),
         "ready_marker": READY_MARKER,
         "env_file": ENV_FILE,
         "log_file": LOG_FILE,

@@ -14,12 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
-import os
 import pathlib
 import shutil
-import subprocess
-import sys
 import tempfile
 import zipfile
 from collections.abc import Sequence
@@ -28,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import jinja2
 import pulumi
 
-from infra import remote, ssh, ssh_deployment, templating
+from infra import remote, ssh, ssh_access, ssh_deployment, templating, wheel_build
 from infra.deployment_record import VmInfo
 from workloads import runconfig
 
@@ -37,7 +33,7 @@ if TYPE_CHECKING:  # the config model is only needed for the type; no import cyc
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT_WHEEL_CACHE = REPO_ROOT / ".whl"
-# What goes into the wheel build (copied to a clean temp dir so stale build/ files never leak in).
+# The files the wheel is built from (their hash is the build cache key).
 WHEEL_SOURCES = ("pyproject.toml", "README.md", "LICENSE", "setup.cfg", "workloads", "infra")
 # The content hash ignores `infra/` (shipped in the same distribution but never run on the VMs)
 # and RECORD (it lists infra's hashes): editing the Pulumi program does not restart training.
@@ -79,7 +75,7 @@ def run_config_for(role: Role, run_config: runconfig.RunConfig) -> runconfig.Run
 
 
 class WheelBuildError(Exception):
-    """`pip wheel` failed on this checkout; the message has pip's last lines."""
+    """The checkout cannot be built into a wheel; the message names the file or key."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,10 +128,14 @@ def wheel_hash(wheel_path: str | pathlib.Path) -> str:
 def build_wheel(
     source_dir: pathlib.Path = REPO_ROOT, cache_dir: pathlib.Path = DEFAULT_WHEEL_CACHE
 ) -> Wheel:
-    """Builds the wheel of this checkout with `pip wheel --no-deps`, cached by source hash.
+    """Builds the wheel of this checkout (infra.wheel_build: no pip, no setuptools, offline),
+    cached by source hash.
+
+    The same source files give the same members on any machine (a clone or the recovery
+    controller's copy from the source archive), hence the same wheel_hash and fingerprint.
 
     Raises:
-        WheelBuildError: pip failed (its output's tail is in the message).
+        WheelBuildError: pyproject.toml cannot be built (the message names the key or file).
     """
     key = source_hash(source_dir)[:20]
     target = cache_dir / key
@@ -144,43 +144,14 @@ def build_wheel(
         return Wheel(str(found[0]), wheel_hash(found[0]))
     cache_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".build-") as tmp:
-        src = pathlib.Path(tmp) / "src"
-        src.mkdir()
-        for path in _source_files(source_dir):
-            dest = src / path.relative_to(source_dir)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, dest)
-        out = pathlib.Path(tmp) / "out"
-        argv = [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-input",
-            "--disable-pip-version-check",
-            "-q",
-            "-w",
-            str(out),
-            str(src),
-        ]
-        if importlib.util.find_spec("setuptools") is not None:
-            argv.insert(4, "--no-build-isolation")  # offline and fast when the venv has setuptools
-        env = {**os.environ, "SOURCE_DATE_EPOCH": "315532800"}  # 1980-01-01: reproducible zips
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp, check=False)
-        wheels = sorted(out.glob("*.whl"))
-        if proc.returncode != 0 or len(wheels) != 1:
-            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-            raise WheelBuildError(
-                f"pip wheel {source_dir} failed (exit {proc.returncode}):\n{tail}"
-            )
         staged = pathlib.Path(tmp) / key
-        staged.mkdir()
-        shutil.move(str(wheels[0]), staged / wheels[0].name)
         try:
-            staged.rename(
-                target
-            )  # atomic: a concurrent build of the same source wins or loses whole
+            wheel_build.build(source_dir, staged)
+        except wheel_build.WheelBuildError as exc:
+            raise WheelBuildError(f"building the wheel of {source_dir}: {exc}") from None
+        try:
+            # Atomic: a concurrent build of the same source wins or loses whole.
+            staged.rename(target)
         except OSError:
             if not target.is_dir():
                 raise
@@ -311,7 +282,8 @@ class WorkloadsDeploymentArgs:
         role: "train" (train + merge units) or "serve" (serve + eval + bench units).
         hosts: worker addresses, worker 0 first (usually an Output of the TPU VM).
         run_config: the run config rendered from the stack config (infra.runconfig_render).
-        ssh: user, private key (None = ssh-agent), project-local known_hosts, port.
+        ssh: the stack, user, key fingerprint, known_hosts name, port: portable values only;
+            the key file is found on the machine that runs each operation (infra.ssh_access).
         project: Google Cloud project (for `python -m infra.ops status`).
         zone: the VM's zone (same).
         remote_root: prefix of every remote path; "/" on real VMs (tests use a temp dir).
@@ -326,7 +298,7 @@ class WorkloadsDeploymentArgs:
     role: Role
     hosts: pulumi.Input[Sequence[str]]
     run_config: runconfig.RunConfig
-    ssh: ssh.SshSettings
+    ssh: ssh_access.SshAccess
     project: str | None = None
     zone: pulumi.Input[str] | None = None
     remote_root: str = "/"
@@ -357,15 +329,15 @@ class WorkloadsDeployment(pulumi.ComponentResource):
         layout = remote.RemoteLayout(args.remote_root)
         plan = plan_units(args.role, args.run_config, layout)
         wheel = args.wheel or build_wheel()
-        settings = args.ssh.resolved()
-        use_sudo = args.use_sudo if args.use_sudo is not None else settings.user != "root"
+        access = args.ssh
+        use_sudo = args.use_sudo if args.use_sudo is not None else access.user != "root"
         yaml_text = args.run_config.to_yaml()
         inputs = ssh_deployment.DeploymentInputs(
             vm=args.vm,
             hosts=[],
-            ssh=settings,
+            ssh=access,
             bundle=remote.Bundle(
-                wheel_path=wheel.path,
+                wheel_path=ssh_access.portable_path(wheel.path),
                 wheel_sha256=wheel.sha256,
                 run_config_yaml=yaml_text,
                 units=plan.units,
@@ -386,7 +358,7 @@ class WorkloadsDeployment(pulumi.ComponentResource):
             role=args.role,
             vm=args.vm,
             hosts=[],
-            settings=settings,
+            access=access,
             use_sudo=use_sudo,
             remote_root=args.remote_root,
             units=sorted(plan.units),
@@ -414,7 +386,7 @@ def declare(
     role: Role,
     hosts: pulumi.Input[Sequence[str]],
     run_config: runconfig.RunConfig,
-    ssh_settings: ssh.SshSettings,
+    access: ssh_access.SshAccess,
     project: str | None = None,
     zone: pulumi.Input[str] | None = None,
     opts: pulumi.ResourceOptions | None = None,
@@ -428,7 +400,7 @@ def declare(
         role: "train" or "serve".
         hosts: worker addresses (Output of the TPU VM component), worker 0 first.
         run_config: infra.runconfig_render.render_run_config(cfg).
-        ssh_settings: e.g. ssh.SshSettings(user=cfg.ssh.user, key_path=cfg.ssh.private_key_file).
+        access: how to reach the workers (declare_for_stack builds it from the stack config).
         project: Google Cloud project id.
         zone: the VM's zone (an Output of the TPU VM: where it was placed).
         opts: resource options (depends_on the VM, the bucket, the secret IAM binding).
@@ -442,7 +414,7 @@ def declare(
         role=role,
         hosts=hosts,
         run_config=run_config,
-        ssh=ssh_settings,
+        ssh=access,
         project=project,
         zone=zone,
         **overrides,
@@ -477,8 +449,14 @@ def declare_for_stack(
     Returns:
         role -> component; export `ops_outputs(result)` as the `deployments` stack output.
     """
-    settings = ssh.SshSettings(
-        user=cfg.ssh.user, key_path=cfg.ssh.private_key_file, known_hosts=known_hosts
+    # Portable values only: the key file is found where each operation runs (infra.ssh_access).
+    access = ssh_access.SshAccess(
+        stack=pulumi.get_stack(),
+        user=cfg.ssh.user,
+        key_fingerprint=ssh_access.configured_fingerprint(
+            cfg.ssh.public_key, cfg.ssh.private_key_file
+        ),
+        known_hosts=known_hosts,
     )
     result: dict[str, WorkloadsDeployment] = {}
     vms: tuple[tuple[Role, pulumi.Input[Sequence[str]] | None, str, pulumi.Input[str]], ...] = (
@@ -494,7 +472,7 @@ def declare_for_stack(
             role=role,
             hosts=hosts,
             run_config=run_config_for(role, run_config),
-            ssh_settings=settings,
+            access=access,
             project=cfg.project,
             zone=zone,
             opts=opts,

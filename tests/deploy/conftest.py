@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import pathlib
 from typing import Any
 
 import pytest
 
-from infra import remote
+from infra import remote, ssh_access, ssh_deployment
 from infra.components import workloads as component
 from workloads import runconfig
 
@@ -77,3 +78,34 @@ def make_bundle(
         plan.start,
         install_deps=False,
     )
+
+
+def provider_props(
+    worker_root: str,
+    wheel: component.Wheel,
+    access: ssh_access.SshAccess,
+    hosts: list[str],
+    **changes: Any,
+) -> dict[str, Any]:
+    """The props the dynamic provider receives for a train deployment (JSON, numbers floats)."""
+    bundle = make_bundle(worker_root, wheel, changes.pop("cfg", None))
+    inputs = ssh_deployment.DeploymentInputs(
+        vm="gemma4-train",
+        hosts=hosts,
+        ssh=access,
+        bundle=remote.Bundle(
+            wheel_path=wheel.path,
+            wheel_sha256=wheel.sha256,
+            run_config_yaml=bundle.run_config_yaml,
+            units=bundle.units,
+            enable=bundle.enable,
+            start=bundle.start,
+            install_deps=False,
+        ),
+        use_sudo=False,
+        remote_root=worker_root,
+        ready_timeout_s=20,
+    )
+    props = {**inputs.to_props(), **changes}
+    # What the provider process receives: JSON values, every number a float.
+    return json.loads(json.dumps(props), parse_int=float)

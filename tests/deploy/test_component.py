@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 from typing import Any
 
 import pulumi
 import pytest
 
-from infra import remote, ssh, ssh_deployment
+from infra import remote, ssh_access, ssh_deployment
 from infra.components import workloads as component
 from tests.deploy.conftest import make_run_config
 
+REPO = pathlib.Path(__file__).resolve().parents[2]
 DYNAMIC_TYPE = "pulumi-python:dynamic/gemma4:WorkloadDeployment"
 
 
@@ -45,8 +47,8 @@ def test_declare_registers_the_deployment_resource_with_its_inputs(
     mocks: Recorder, wheel: component.Wheel
 ) -> None:
     cfg = make_run_config(merge=True)
-    settings = ssh.SshSettings(
-        user="gemma4", key_path="/keys/id_ed25519", known_hosts=".known_hosts"
+    access = ssh_access.SshAccess(
+        stack="dev", user="gemma4", key_fingerprint="SHA256:abc", known_hosts=".known_hosts"
     )
     hosts = pulumi.Output.from_input(["10.0.0.1", "10.0.0.2"])  # as the TPU VM reports them
     checked: list[str] = []
@@ -59,7 +61,7 @@ def test_declare_registers_the_deployment_resource_with_its_inputs(
             role="train",
             hosts=hosts,
             run_config=cfg,
-            ssh_settings=settings,
+            access=access,
             project="my-project",
             zone="us-central1-a",
             wheel=wheel,
@@ -91,15 +93,19 @@ def test_declare_registers_the_deployment_resource_with_its_inputs(
     assert inputs["hosts"] == ["10.0.0.1", "10.0.0.2"]
     assert inputs["vm"] == "gemma4-train"
     assert inputs["wheel_sha256"] == wheel.sha256
-    assert inputs["wheel_path"] == wheel.path
+    # The wheel in .whl/, relative to the project: the state names no checkout of any machine.
+    assert inputs["wheel_path"] == str(pathlib.Path(wheel.path).relative_to(REPO))
+    assert ssh_access.local_path(inputs["wheel_path"]) == wheel.path
     assert inputs["run_config_yaml"] == cfg.to_yaml()
     assert inputs["run_config_sha256"] == remote.sha256_text(cfg.to_yaml())
     assert sorted(inputs["units"]) == ["gemma4-merge.service", "gemma4-train.service"]
     assert inputs["units_sha256"] == ssh_deployment.units_sha256(inputs["units"])
     assert inputs["enable"] == inputs["start"] == ["gemma4-train.service"]
     assert inputs["ssh_user"] == "gemma4"
-    assert inputs["ssh_key_path"] == "/keys/id_ed25519"
-    assert inputs["known_hosts"].endswith("/.known_hosts")  # absolute: the provider runs elsewhere
+    # Portable values only: each machine finds its own key file (infra.ssh_access).
+    assert (inputs["stack"], inputs["ssh_key_fingerprint"]) == ("dev", "SHA256:abc")
+    assert "ssh_key_path" not in inputs
+    assert inputs["known_hosts"] == ".known_hosts"  # inside the project of whoever runs it
     assert inputs["remote_root"] == "/"
     assert inputs["use_sudo"] is True  # not root on the VM
     assert inputs["__provider"]  # the serialised provider travels in the state
@@ -116,7 +122,7 @@ def test_serve_role_deploys_serve_eval_bench(mocks: Recorder, wheel: component.W
             role="serve",
             hosts=["10.0.1.1"],
             run_config=cfg,
-            ssh_settings=ssh.SshSettings(user="gemma4"),
+            access=ssh_access.SshAccess(stack="dev", user="gemma4"),
             wheel=wheel,
         )
         return comp.ops_info
@@ -128,7 +134,7 @@ def test_serve_role_deploys_serve_eval_bench(mocks: Recorder, wheel: component.W
         "gemma4-eval.service",
         "gemma4-bench.service",
     ]
-    assert inputs.get("ssh_key_path") is None  # ssh-agent (None inputs are not sent)
+    assert inputs.get("ssh_key_fingerprint") is None  # unknown (None inputs are not sent)
 
 
 def test_the_exported_record_reads_back_as_the_same_record():
@@ -139,7 +145,9 @@ def test_the_exported_record_reads_back_as_the_same_record():
         role="serve",
         vm="gemma4-serve",
         hosts=["10.0.0.2", "10.0.0.3"],
-        settings=ssh.SshSettings(user="gemma4", key_path="/k", port=2222),
+        access=ssh_access.SshAccess(
+            stack="prod", user="gemma4", key_fingerprint="SHA256:k", port=2222
+        ),
         use_sudo=True,
         remote_root="/",
         units=["gemma4-serve.service"],

@@ -16,23 +16,20 @@ from typing import Any, ClassVar
 
 import pytest
 
-from infra import ops, ssh
+from infra import ops, ssh_access
 from infra.deployment_record import VmInfo
 from tests.fixtures.sshd import Worker
 
 
 def _info(workers: list[Worker], **extra: Any) -> dict[str, Any]:
-    settings = workers[0].settings
+    access = workers[0].access
     return {
         "vm": "gemma4-train",
         "role": "train",
         "project": "my-project",
         "zone": "us-central1-a",
         "hosts": [w.host for w in workers],
-        "ssh_user": settings.user,
-        "ssh_key_path": settings.key_path,
-        "known_hosts": settings.known_hosts,
-        "port": settings.port,
+        **access.to_props(),
         "use_sudo": False,
         "remote_root": str(workers[0].root),
         "units": ["gemma4-merge.service", "gemma4-train.service"],
@@ -132,7 +129,7 @@ def test_the_tpu_state_of_a_queued_node_names_its_queued_resource() -> None:
         role="train",
         vm="gemma4-train",
         hosts=[],
-        settings=ssh.SshSettings(user="gemma4"),
+        access=ssh_access.SshAccess(stack="dev", user="gemma4"),
         use_sudo=True,
         remote_root="/",
         units=[],

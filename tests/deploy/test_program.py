@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import collections
 import inspect
+import json
+import pathlib
 from typing import Any
 
 import pytest
@@ -80,7 +82,13 @@ def test_program_declares_one_deployment_per_vm(stack: str) -> None:
         # `python -m infra.ops` finds the VM in the stack outputs the program exports.
         info = ops.vm_info(rec.outputs, role)
         assert info.hosts == ips
-        assert info.settings.user == cfg.ssh.user
+        assert info.access.user == cfg.ssh.user
+        # Nothing of this machine in the state: no key path, no home, no checkout path.
+        assert "ssh_key_path" not in dep.inputs
+        assert dep.inputs["stack"] == stack and dep.inputs["known_hosts"] == ".known_hosts"
+        local = (str(pathlib.Path.home()), str(pathlib.Path(__file__).resolve().parents[2]))
+        for text in (json.dumps(dep.inputs, default=str), json.dumps(rec.outputs["deployments"])):
+            assert not any(path in text for path in local), text[:300]
         CHECKED[stack] += 1
     if cfg.serving.enabled:
         serve = rec.one(DYNAMIC, "serve-deploy-workloads").inputs

@@ -4,55 +4,23 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import json
 from typing import Any
 
 import dill
 import pulumi.dynamic.dynamic as pulumi_dynamic
 import pytest
 
-from infra import remote, ssh, ssh_deployment
+from infra import remote, ssh_access, ssh_deployment
 from infra.components import workloads as component
-from tests.deploy.conftest import make_bundle, make_run_config
+from tests.deploy.conftest import make_bundle, make_run_config, provider_props
 from tests.fixtures.sshd import Worker
 
-
-def _props(
-    worker_root: str,
-    wheel: component.Wheel,
-    settings: ssh.SshSettings,
-    hosts: list[str],
-    **changes: Any,
-) -> dict[str, Any]:
-    bundle = make_bundle(worker_root, wheel, changes.pop("cfg", None))
-    inputs = ssh_deployment.DeploymentInputs(
-        vm="gemma4-train",
-        hosts=hosts,
-        ssh=settings,
-        bundle=remote.Bundle(
-            wheel_path=wheel.path,
-            wheel_sha256=wheel.sha256,
-            run_config_yaml=bundle.run_config_yaml,
-            units=bundle.units,
-            enable=bundle.enable,
-            start=bundle.start,
-            install_deps=False,
-        ),
-        use_sudo=False,
-        remote_root=worker_root,
-        ready_timeout_s=20,
-    )
-    props = {**inputs.to_props(), **changes}
-    # What the provider process receives: JSON values, every number a float.
-    return json.loads(json.dumps(props), parse_int=float)
-
-
-FAKE = ssh.SshSettings(user="gemma4", key_path="/k", known_hosts="/kh")
+FAKE = ssh_access.SshAccess(stack="dev", user="gemma4", key_fingerprint="SHA256:a")
 FAKE_WHEEL = component.Wheel("/w/gemma4_tpu-0.1.0-py3-none-any.whl", "a" * 64)
 
 
 def test_diff_is_empty_for_the_same_content_even_with_another_wheel_path() -> None:
-    olds = _props("/", FAKE_WHEEL, FAKE, ["10.0.0.1", "10.0.0.2"])
+    olds = provider_props("/", FAKE_WHEEL, FAKE, ["10.0.0.1", "10.0.0.2"])
     news = {**olds, "wheel_path": "/elsewhere/gemma4_tpu-0.1.0-py3-none-any.whl", "port": 22}
     result = ssh_deployment.SshDeploymentProvider().diff("id", olds, news)
     assert result.changes is False
@@ -65,7 +33,7 @@ def test_diff_is_empty_for_the_same_content_even_with_another_wheel_path() -> No
         ("wheel_sha256", "b" * 64, []),
         ("run_config_sha256", "c" * 64, []),
         ("enable", [], []),
-        ("ssh_key_path", "/other", []),
+        ("ssh_key_fingerprint", "SHA256:other", []),
         ("hosts", ["10.0.0.9", "10.0.0.2"], ["hosts"]),
         ("remote_root", "/srv", ["remote_root"]),
     ],
@@ -73,7 +41,7 @@ def test_diff_is_empty_for_the_same_content_even_with_another_wheel_path() -> No
 def test_diff_updates_on_content_and_replaces_on_other_machines(
     key: str, value: Any, replaces: list[str]
 ) -> None:
-    olds = _props("/", FAKE_WHEEL, FAKE, ["10.0.0.1", "10.0.0.2"])
+    olds = provider_props("/", FAKE_WHEEL, FAKE, ["10.0.0.1", "10.0.0.2"])
     result = ssh_deployment.SshDeploymentProvider().diff("id", olds, {**olds, key: value})
     assert result.changes is True
     assert result.replaces == replaces
@@ -81,7 +49,7 @@ def test_diff_updates_on_content_and_replaces_on_other_machines(
 
 
 def test_diff_of_changed_units_text() -> None:
-    olds = _props("/", FAKE_WHEEL, FAKE, ["10.0.0.1"])
+    olds = provider_props("/", FAKE_WHEEL, FAKE, ["10.0.0.1"])
     units = {
         **olds["units"],
         "gemma4-train.service": olds["units"]["gemma4-train.service"] + "# edited\n",
@@ -91,7 +59,7 @@ def test_diff_of_changed_units_text() -> None:
 
 
 def test_unknown_hosts_during_preview_are_an_update_not_a_replace() -> None:
-    olds = _props("/", FAKE_WHEEL, FAKE, ["10.0.0.1"])
+    olds = provider_props("/", FAKE_WHEEL, FAKE, ["10.0.0.1"])
     result = ssh_deployment.SshDeploymentProvider().diff(
         "id", olds, {**olds, "hosts": ssh_deployment.UNKNOWN}
     )
@@ -100,17 +68,17 @@ def test_unknown_hosts_during_preview_are_an_update_not_a_replace() -> None:
 
 
 def test_check_rejects_no_hosts_and_unknown_units() -> None:
-    news = _props("/", FAKE_WHEEL, FAKE, []) | {"start": ["gemma4-nope.service"]}
+    news = provider_props("/", FAKE_WHEEL, FAKE, []) | {"start": ["gemma4-nope.service"]}
     failures = ssh_deployment.SshDeploymentProvider().check({}, news).failures
     assert [(f.property, f.reason.split(" ")[0]) for f in failures] == [
         ("hosts", "the"),
         ("start", "['gemma4-nope.service']"),
     ]
-    no_ip = _props("/", FAKE_WHEEL, FAKE, ["10.0.0.1", ""])
+    no_ip = provider_props("/", FAKE_WHEEL, FAKE, ["10.0.0.1", ""])
     failures = ssh_deployment.SshDeploymentProvider().check({}, no_ip).failures
     assert [f.property for f in failures] == ["hosts"]
     assert "no address" in failures[0].reason
-    preview = _props("/", FAKE_WHEEL, FAKE, []) | {"hosts": ssh_deployment.UNKNOWN}
+    preview = provider_props("/", FAKE_WHEEL, FAKE, []) | {"hosts": ssh_deployment.UNKNOWN}
     assert ssh_deployment.SshDeploymentProvider().check({}, preview).failures == []
 
 
@@ -118,7 +86,7 @@ def test_provider_survives_pulumis_serialisation() -> None:
     provider = ssh_deployment.SshDeploymentProvider()
     restored = dill.loads(base64.b64decode(pulumi_dynamic.serialize_provider(provider)))
     assert isinstance(restored, ssh_deployment.SshDeploymentProvider)
-    olds = _props("/", FAKE_WHEEL, FAKE, ["10.0.0.1"])
+    olds = provider_props("/", FAKE_WHEEL, FAKE, ["10.0.0.1"])
     assert restored.diff("id", olds, olds).changes is False
 
 
@@ -127,7 +95,7 @@ def test_create_update_delete_against_a_worker(worker: Worker, wheel: component.
     provider = ssh_deployment.SshDeploymentProvider()
     provider.ready_initial_delay_s = 0.1
     root = str(worker.root)
-    props = _props(root, wheel, worker.settings, [worker.host])
+    props = provider_props(root, wheel, worker.access, [worker.host])
     host = f"{worker.host}:{worker.port}"
 
     created = provider.create(props)
@@ -138,9 +106,8 @@ def test_create_update_delete_against_a_worker(worker: Worker, wheel: component.
     assert (worker.root / "etc/systemd/system/gemma4-train.service").exists()
 
     assert provider.diff(created.id, outs, props).changes is False
-    news = _props(
-        root, wheel, worker.settings, [worker.host], cfg=make_run_config(run_name="second")
-    )
+    second = make_run_config(run_name="second")
+    news = provider_props(root, wheel, worker.access, [worker.host], cfg=second)
     diff = provider.diff(created.id, outs, news)
     assert (diff.changes, diff.replaces) == (True, [])
     worker.clear_calls()
@@ -161,10 +128,10 @@ def test_create_update_delete_against_a_worker(worker: Worker, wheel: component.
 
 @pytest.mark.sshd
 def test_delete_of_a_vanished_worker_succeeds(worker: Worker, wheel: component.Wheel) -> None:
-    props = _props(
+    props = provider_props(
         str(worker.root),
         wheel,
-        dataclasses.replace(worker.settings, connect_timeout_s=2),
+        dataclasses.replace(worker.access, connect_timeout_s=2),
         [worker.host],
     )
     worker.stop()
@@ -176,9 +143,8 @@ def test_create_failure_names_the_worker_and_step(worker: Worker, wheel: compone
     (worker.root / "var/lib/gemma4/ready").unlink()
     provider = ssh_deployment.SshDeploymentProvider()
     provider.ready_initial_delay_s = 0.1
-    props = _props(str(worker.root), wheel, worker.settings, [worker.host]) | {
-        "ready_timeout_s": 0.5
-    }
+    props = provider_props(str(worker.root), wheel, worker.access, [worker.host])
+    props["ready_timeout_s"] = 0.5
     with pytest.raises(
         remote.DeployError,
         match=rf"(?s)gemma4-train failed on 1 worker.*{worker.port}: step 'wait-ready' timed out",

@@ -39,7 +39,8 @@ def test_wheel_hash_ignores_timestamps_infra_and_record(tmp_path: pathlib.Path) 
 def test_build_is_cached_by_source_hash(tmp_path: pathlib.Path) -> None:
     src = tmp_path / "src"
     src.mkdir()
-    shutil.copy(REPO / "pyproject.toml", src)
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(REPO / name, src)
     for package in ("workloads", "infra"):
         shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
     cache = tmp_path / "cache"
@@ -49,7 +50,7 @@ def test_build_is_cached_by_source_hash(tmp_path: pathlib.Path) -> None:
     with zipfile.ZipFile(first.path) as archive:
         assert "workloads/runconfig.py" in archive.namelist()
     started = time.monotonic()
-    assert component.build_wheel(src, cache) == first  # same sources: the cached wheel, no pip
+    assert component.build_wheel(src, cache) == first  # same sources: the cached wheel
     assert time.monotonic() - started < 1.0
 
     # An edit anywhere in the packaged sources is a new cache key (a new build next time).

@@ -20,10 +20,11 @@ import tomllib
 import pytest
 from packaging.requirements import Requirement
 
-from infra import startup
+from infra import stack_config, startup
 from infra.components import workloads as component
 from infra.remote import RemoteLayout
 from tests.deploy.conftest import make_run_config
+from tests.fixtures import pulumi_mocks
 from workloads import cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -176,3 +177,51 @@ def test_the_scan_sees_lazy_imports():
     external = third_party_imports(["workloads.report.command"])
     assert "matplotlib" in external
     assert "numpy" not in provided(("pyyaml==6.0.2",))
+
+
+def closure(requirements: tuple[str, ...]) -> dict[str, str]:
+    """Every distribution the requirements pull in, extras followed (jax[tpu] brings libtpu),
+    as this venv's metadata knows them: name -> the requirement that brought it."""
+    todo = [(Requirement(r), r) for r in requirements if not r.startswith("-")]
+    found: dict[str, str] = {}
+    while todo:
+        req, why = todo.pop()
+        name = startup.normalized_name(req.name)
+        if name in found:
+            continue
+        found[name] = why
+        try:
+            requires = md.requires(name) or []
+        except md.PackageNotFoundError:
+            continue
+        for text in requires:
+            dep = Requirement(text)
+            extras = [{"extra": e} for e in req.extras] or [{"extra": ""}]
+            if dep.marker is None or any(dep.marker.evaluate(env) for env in extras):
+                todo.append((dep, name))
+    return found
+
+
+@pytest.mark.parametrize("role", ["train", "serve"])
+def test_everything_a_vm_installs_is_pinned_by_the_lock(role):
+    """The VM installs its top-level pins with the whole lock as constraints (`-c`), as CI does:
+    every distribution below them is pinned too, so nothing floats to the day's newest."""
+    lock = startup.pinned_versions()
+    pulled = closure(ROLE_REQUIREMENTS[role])
+    assert {"pydantic", "pyyaml", "jinja2", "fsspec"} <= set(pulled)  # the wheel's own deps
+    if role == "train":
+        assert {"libtpu", "jaxlib", "requests"} <= set(pulled)  # via jax[tpu]
+    floating = {name: why for name, why in pulled.items() if name not in lock}
+    assert floating == {}, f"not in constraints.txt (name: pulled in by): {floating}"
+    # CPU-only test packages are constraints, never requirements: they stay off the VMs.
+    assert not {"torch", "pytest", "hypothesis", "ruff", "mypy"} & set(pulled)
+
+
+def test_the_rendered_script_installs_with_the_whole_lock():
+    cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("prod"))
+    for script in (startup.render_train(cfg, has_hf_secret=True), startup.render_serve(cfg)):
+        block = script.split("readonly -a CONSTRAINTS=(\n", 1)[1].split("\n)\n", 1)[0]
+        shipped = [line.strip() for line in block.splitlines()]
+        assert shipped == list(startup.lock())
+        assert len(shipped) == len(startup.pinned_versions())
+        assert '-m pip install -q -r "$requirements" -c "$constraints"' in script

@@ -11,7 +11,7 @@ readonly VENV_DIR=/opt/gemma4/venv
 readonly READY_MARKER=/var/lib/gemma4/ready
 readonly ENV_FILE=/etc/gemma4/env
 readonly LOG_FILE=/var/log/gemma4-startup.log
-readonly REQUIREMENTS_DIGEST=0bb73e9236c8f083
+readonly REQUIREMENTS_DIGEST=f89251fd68623b75
 readonly -a REQUIREMENTS=(
   '--find-links https://storage.googleapis.com/jax-releases/libtpu_releases.html'
   'jax[tpu]==0.10.2'
@@ -31,6 +31,188 @@ readonly -a REQUIREMENTS=(
   tensorboardX==2.6.5
   tqdm==4.70.1
   psutil==7.2.2
+  pydantic==2.14.4
+  pyyaml==6.0.4
+  jinja2==3.1.6
+  fsspec==2026.9.0
+)
+# The whole lock (constraints.txt), as CI installs it: every package the pins pull in is pinned.
+readonly -a CONSTRAINTS=(
+  absl-py==2.5.1
+  aiofiles==25.1.0
+  aiohappyeyeballs==2.7.1
+  aiohttp==3.14.5
+  aiosignal==1.4.0
+  annotated-doc==0.0.7
+  annotated-types==0.8.0
+  anyio==4.16.0
+  array-record==0.8.6
+  ast-serialize==0.13.1
+  attrs==26.1.0
+  bcrypt==5.0.0
+  certifi==2026.10.19.post1
+  cffi==2.1.1
+  charset-normalizer==3.5.2
+  click==8.5.1
+  cloudpickle==3.1.3
+  clu==0.0.12
+  contourpy==1.3.3
+  cryptography==50.0.2
+  cycler==0.12.1
+  datasets==5.2.0
+  debugpy==1.8.22
+  decorator==5.3.1
+  deprecated==1.3.1
+  dill==0.4.1
+  dm-tree==0.1.10
+  docstring-parser==0.18.0
+  einops==0.8.2
+  etils==1.15.0
+  fabric==3.2.3
+  filelock==4.2.12
+  flax==0.12.8
+  fonttools==4.68.0
+  frozenlist==1.8.0
+  fsspec==2026.9.0
+  gcsfs==2026.10.1
+  google-api-core==2.44.0
+  google-auth==2.63.0
+  google-auth-oauthlib==1.5.0
+  google-cloud-core==2.8.0
+  google-cloud-storage==3.17.1
+  google-cloud-storage-control==1.17.0
+  google-cloud-tpu==1.28.0
+  google-crc32c==1.9.0
+  google-metrax==0.2.4
+  google-resumable-media==2.11.0
+  google-tunix==0.1.7
+  googleapis-common-protos==1.76.0
+  grain==0.2.18
+  grpc-google-iam-v1==0.14.6
+  grpcio==1.85.3
+  grpcio-status==1.85.3
+  h11==0.16.0
+  hf-transfer==0.1.9
+  hf-xet==1.8.0
+  httpcore==1.0.9
+  httpx==0.28.1
+  huggingface-hub==1.33.0
+  humanize==4.17.0
+  hypothesis==6.170.15
+  idna==3.20
+  immutabledict==4.3.1
+  importlib-resources==7.1.0
+  iniconfig==2.3.1
+  invoke==2.2.1
+  jax==0.10.2
+  jaxlib==0.10.2
+  jaxtyping==0.3.11
+  jinja2==3.1.6
+  kagglehub==1.0.3
+  kagglesdk==0.1.38
+  kiwisolver==1.5.1
+  librt==0.17.0
+  libtpu==0.0.42.1
+  llvmlite==0.50.0
+  markdown-it-py==4.3.0
+  markupsafe==3.0.4
+  matplotlib==3.11.2
+  mdurl==0.1.2
+  ml-collections==1.1.0
+  ml-dtypes==0.6.0
+  mpmath==1.3.0
+  msgpack==1.2.4
+  multidict==7.2.1
+  multiprocess==0.70.19
+  mypy==2.4.1
+  mypy-extensions==1.2.0
+  networkx==3.6.1
+  numba==0.68.1
+  numpy==2.4.6
+  oauthlib==4.0.1
+  omegaconf==2.4.0
+  opentelemetry-api==1.45.2
+  opentelemetry-exporter-otlp-common==0.66b2
+  opentelemetry-exporter-otlp-proto-common==1.45.2
+  opentelemetry-exporter-otlp-proto-grpc==1.45.2
+  opentelemetry-instrumentation==0.66b2
+  opentelemetry-instrumentation-grpc==0.66b2
+  opentelemetry-proto==1.45.2
+  opentelemetry-sdk==1.45.2
+  opentelemetry-semantic-conventions==0.66b2
+  opt-einsum==3.4.0
+  optax==0.2.8
+  orbax-checkpoint==0.12.8
+  packaging==26.3
+  pandas==3.1.1
+  paramiko==5.1.0
+  pathspec==1.1.1
+  perfetto==0.59.1
+  pillow==13.0.0
+  pluggy==1.7.0
+  portpicker==1.6.0
+  prometheus-client==0.26.0
+  promise==2.3
+  propcache==0.5.4
+  proto-plus==1.29.0
+  protobuf==6.33.6
+  psutil==7.2.2
+  pulumi==3.272.0
+  pulumi-gcp==10.2.0
+  pyarrow==26.0.1
+  pyasn1==0.6.5
+  pyasn1-modules==0.4.2
+  pycparser==3.12
+  pydantic==2.14.4
+  pydantic-core==2.50.5
+  pygments==2.21.0
+  pylatexenc==2.11
+  pynacl==1.6.2
+  pyparsing==3.3.3
+  pytest==9.2.0
+  pytest-timeout==2.4.0
+  python-dateutil==4.0.0
+  python-dotenv==1.2.4
+  pyyaml==6.0.4
+  qwix==0.1.8
+  regex==2026.11.19
+  requests==2.34.2
+  requests-oauthlib==2.0.0
+  rich==15.0.0
+  ruff==0.17.6
+  safetensors==0.7.0
+  scipy==1.17.1
+  semver==3.1.2
+  sentencepiece==0.2.3
+  shellingham==1.5.4
+  simple-parsing==0.1.9
+  simplejson==4.3.0
+  six==1.17.0
+  sortedcontainers==2.4.0
+  sympy==1.14.0
+  tenacity==9.2.1
+  tensorboardx==2.6.5
+  tensorflow-datasets==4.9.10
+  tensorflow-metadata==1.21.0
+  tensorstore==0.1.86
+  termcolor==3.3.0
+  tokenizers==0.22.2
+  toml==0.10.2
+  torch==2.13.0
+  tqdm==4.70.1
+  transformers==5.12.1
+  treescope==0.1.10
+  typer==0.29.2
+  typing-extensions==4.16.0
+  typing-inspection==0.4.5
+  tzdata==2026.6
+  urllib3==2.8.0
+  uvloop==0.23.0
+  wadler-lindig==0.1.8
+  wrapt==2.5.2
+  xxhash==4.1.0
+  yarl==1.25.1
+  zipp==4.1.2
 )
 readonly -a ENV_LINES=(
   TMPDIR=/dev/shm
@@ -111,6 +293,7 @@ ensure_python() {
 # The venv with the pinned stack; skipped when the pins are what was installed last time.
 ensure_venv() {
   local stamp="$VENV_DIR/.gemma4-requirements" requirements="$VENV_DIR/gemma4-requirements.txt"
+  local constraints="$VENV_DIR/gemma4-constraints.txt"
   if [ ! -x "$VENV_DIR/bin/python" ]; then
     "$PYTHON" -m venv "$VENV_DIR"
   fi
@@ -119,8 +302,9 @@ ensure_venv() {
     return 0
   fi
   printf '%s\n' "${REQUIREMENTS[@]}" >"$requirements"
+  printf '%s\n' "${CONSTRAINTS[@]}" >"$constraints"
   retry 3 "$VENV_DIR/bin/python" -m pip install -q --upgrade pip
-  retry 3 "$VENV_DIR/bin/python" -m pip install -q -r "$requirements"
+  retry 3 "$VENV_DIR/bin/python" -m pip install -q -r "$requirements" -c "$constraints"
   printf '%s\n' "$REQUIREMENTS_DIGEST" >"$stamp"
   log "venv $VENV_DIR installed"
 }
