@@ -11,18 +11,20 @@ no traceback.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import pathlib
 import subprocess
 import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import yaml
 
-from workloads import cli
+from workloads import cli, errors
 from workloads.data import synthetic
 
 # Writing anywhere under /sys fails for every user, root included (sysfs refuses new entries),
@@ -268,3 +270,27 @@ def test_a_real_process_prints_one_line_without_traceback(command, tmp_path):
     assert proc.stderr == (
         f"error: {config}: not UTF-8 text (byte 0xEF at offset 2); save it as UTF-8\n"
     )
+
+
+def test_a_full_disk_is_not_passed_off_as_a_user_error(monkeypatch):
+    """Only errors about the path itself are the user's; a full disk stays an unexpected error
+    (its own handling names the free space), so the CLI does not turn it into exit 2."""
+    full = OSError(errno.ENOSPC, "No space left on device", "/data/run/checkpoints/7")
+    assert errors.path_error_line(full) is None
+    assert errors.path_error_line(OSError(errno.EACCES, "Permission denied")) is None  # no path
+    module = types.SimpleNamespace(main=lambda args: (_ for _ in ()).throw(full))
+    monkeypatch.setattr(cli, "build_parser", lambda only=None: _parser_for(module))
+    with pytest.raises(OSError, match="No space left"):
+        cli.main(["train", "--config", "x.yaml"])
+
+
+def _parser_for(module):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("command")
+    parser.add_argument("--config")
+    parser.add_argument("--traceback", action="store_true")
+    parser.add_argument("--log-level", default="info")
+    parser.set_defaults(_module=module)
+    return parser

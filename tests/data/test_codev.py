@@ -6,7 +6,7 @@ import time
 
 import fsspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.data.conftest import write_jsonl
@@ -107,13 +107,13 @@ _PIECES = st.sampled_from(
 _RESPONSES = st.one_of(st.lists(_PIECES, max_size=30).map("".join), st.text(max_size=60))
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_RESPONSES)
 def test_linear_cleaning_agrees_with_the_regex_cleaning(response):
     assert codev.clean_response(response) == _old_clean_response(response)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_RESPONSES, _RESPONSES)
 def test_cleaning_agrees_after_any_prefix(prefix, response):
     """A scan that starts mid-text (after a match) sees the character before its start."""
