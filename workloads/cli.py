@@ -57,7 +57,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs one subcommand; user errors are one line on stderr and exit status 2."""
+    """Runs one subcommand; user errors are one line on stderr and exit status 2.
+
+    Besides errors.UserError, that includes a path the user gave that cannot be used as it is
+    (not found, a file where a directory is expected or the reverse, no permission, a read-only
+    file system) wherever in a workload it is first touched: see errors.path_error_line.
+    """
     argv = sys.argv[1:] if argv is None else argv
     chosen = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(chosen if chosen in COMMANDS else None)
@@ -70,6 +75,14 @@ def main(argv: list[str] | None = None) -> int:
         if show_traceback:
             traceback.print_exc()
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        line = errors.path_error_line(exc)
+        if line is None:
+            raise
+        if show_traceback:
+            traceback.print_exc()
+        print(f"error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

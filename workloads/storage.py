@@ -6,11 +6,13 @@ only visible once its upload completes. Nothing here deletes user data.
 
 from __future__ import annotations
 
+import gzip
 import os
 import pathlib
 import shutil
 import tempfile
 import time
+import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -62,41 +64,102 @@ def read_bytes(path: str) -> bytes:
     """Reads a whole file.
 
     Raises:
-        errors.UserError: the file does not exist.
+        errors.UserError: the file does not exist, is a directory, sits under a file, or cannot
+            be read.
     """
     if not is_remote(path):
         try:
             return pathlib.Path(path).read_bytes()
-        except FileNotFoundError:
-            raise errors.UserError(f"{path}: file not found") from None
-        except IsADirectoryError:
-            raise errors.UserError(f"{path}: is a directory, expected a file") from None
+        except OSError as exc:
+            raise errors.UserError(_cannot_read(path, exc)) from None
     fs, p = filesystem(path)
     try:
         return bytes(fs.cat_file(p))
     except FileNotFoundError:
         raise errors.UserError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise errors.UserError(f"{path}: is a directory, expected a file") from None
 
 
 def read_text(path: str) -> str:
-    return read_bytes(path).decode("utf-8")
+    """Reads a whole UTF-8 text file.
+
+    Raises:
+        errors.UserError: what read_bytes raises, and content that is not UTF-8 text (gzip or
+            another encoding): the message names the first bad byte.
+    """
+    return decode_utf8(read_bytes(path), path)
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def decode_utf8(data: bytes, source: str, *, line: int | None = None) -> str:
+    """`data` as UTF-8 text.
+
+    Raises:
+        errors.UserError: `source: [line N: ]not UTF-8 text (byte 0xFF at offset 7); ...`, or that
+            it is gzip-compressed.
+    """
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        where = f"{source}: line {line}:" if line is not None else f"{source}:"
+        if line in (None, 1) and data.startswith(GZIP_MAGIC):
+            raise errors.UserError(
+                f"{where} is gzip-compressed; expected UTF-8 text (decompress it with gunzip)"
+            ) from None
+        raise errors.UserError(
+            f"{where} not UTF-8 text (byte 0x{data[exc.start]:02X} at offset {exc.start}); "
+            "save it as UTF-8"
+        ) from None
+
+
+def _cannot_read(path: str, exc: OSError) -> str:
+    """One line for a local file that cannot be opened for reading."""
+    if isinstance(exc, FileNotFoundError):
+        return f"{path}: file not found"
+    if isinstance(exc, IsADirectoryError):
+        return f"{path}: is a directory, expected a file"
+    if isinstance(exc, NotADirectoryError):
+        parent = errors.existing_ancestor(path)
+        return f"{path}: file not found ({parent} is a file, not a directory)"
+    return f"{path}: cannot read it ({exc.strerror or exc})"
 
 
 def iter_lines(path: str) -> Iterator[str]:
-    """Streams text lines of a local or remote file (no full read for big JSONL)."""
+    """Streams the UTF-8 text lines of a local or remote file (no full read for big JSONL). A
+    gzip-compressed file (`.gz` or not: the content says) is decompressed on the fly.
+
+    Raises:
+        errors.UserError: the file is missing, a directory, unreadable, or a line is not UTF-8
+            (the message names the line and the byte).
+    """
     if not is_remote(path):
         try:
-            handle = open(path, encoding="utf-8")  # noqa: SIM115 - closed by the with below
-        except FileNotFoundError:
-            raise errors.UserError(f"{path}: file not found") from None
-        with handle:
-            yield from handle
-        return
-    fs, p = filesystem(path)
-    if not fs.exists(p):
-        raise errors.UserError(f"{path}: file not found")
-    with fs.open(p, "rt", encoding="utf-8") as handle:
-        yield from handle
+            handle = open(path, "rb")  # noqa: SIM115 - closed by the with below
+        except OSError as exc:
+            raise errors.UserError(_cannot_read(path, exc)) from None
+    else:
+        fs, p = filesystem(path)
+        if not fs.exists(p):
+            raise errors.UserError(f"{path}: file not found")
+        if fs.isdir(p):
+            raise errors.UserError(f"{path}: is a directory, expected a file")
+        handle = fs.open(p, "rb")
+    with handle:
+        # Lines split on b"\n" only and are decoded one by one, so a bad byte is reported with
+        # its line (a JSON line holds no raw newline, so nothing else can end one).
+        raw: Any = handle
+        magic = handle.read(len(GZIP_MAGIC))
+        handle.seek(0)
+        if magic == GZIP_MAGIC:
+            raw = gzip.GzipFile(fileobj=handle)
+        try:
+            for number, line in enumerate(raw, start=1):
+                yield decode_utf8(line, path, line=number)
+        except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+            raise errors.UserError(f"{path}: damaged gzip data ({exc})") from None
 
 
 def write_bytes_atomic(path: str, data: bytes) -> None:
@@ -127,6 +190,8 @@ def list_files(path: str) -> list[str]:
     """Relative paths of all files under a directory (local or remote), sorted."""
     if not is_remote(path):
         root = pathlib.Path(path)
+        if root.is_file():
+            raise errors.UserError(f"{path}: is a file, expected a directory")
         if not root.is_dir():
             raise errors.UserError(f"{path}: directory not found")
         return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())

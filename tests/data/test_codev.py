@@ -1,7 +1,13 @@
 """CodeV-R1 rows: reading (local and fsspec memory:// standing in for gs://) and cleaning."""
 
+import gzip
+import re
+import time
+
 import fsspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.data.conftest import write_jsonl
 from workloads import errors
@@ -60,6 +66,72 @@ def test_responses_without_verilog_clean_to_empty(response):
 
 def test_unterminated_think_drops_the_rest():
     assert codev.strip_thinking(f"{FENCED}\n<think>\nmore") == f"{FENCED}\n"
+
+
+# The regex-based cleaning this module had before its scans were made linear: the reference the
+# linear scans must agree with on every input.
+_OLD_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+_OLD_ANSWER = re.compile(r"<answer>(.*?)(?:</answer>|\Z)", re.DOTALL)
+_OLD_FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_OLD_MODULE = re.compile(r"\b(?:macro)?module\b.*?\bendmodule\b", re.DOTALL)
+
+
+def _old_clean_response(response: str) -> str:
+    text = _OLD_THINK.sub("", response)
+    if "</think>" in text:
+        text = text.rsplit("</think>", 1)[1]
+    if "<think>" in text:
+        text = text.split("<think>", 1)[0]
+    answers = _OLD_ANSWER.findall(text)
+    if answers:
+        text = "\n\n".join(answers)
+    blocks = [
+        body.strip("\n")
+        for tag, body in _OLD_FENCE.findall(text)
+        if tag.lower() in {"", "verilog", "systemverilog", "v", "sv"} and body.strip()
+    ]
+    code = "\n\n".join(blocks) or "\n\n".join(m.group(0) for m in _OLD_MODULE.finditer(text))
+    code = code.strip("\n")
+    return f"```verilog\n{code}\n```" if code.strip() else ""
+
+
+# Pieces a response is made of, in the combinations that stress the scans: tags opened and not
+# closed, keywords glued to words, fences without a line break, tags and tag-like characters.
+_PIECES = st.sampled_from(
+    [
+        "<think>", "</think>", "<answer>", "</answer>", "```", "```verilog", "```python", " ```v ",
+        "module", "macromodule", "endmodule", "xmodule", "module_", "endmodule1", "m;",
+        " ", "\n", "\t", "x", "é", "_", "`", "<", ">", "/", "think", "answer",
+    ]
+)  # fmt: skip
+_RESPONSES = st.one_of(st.lists(_PIECES, max_size=30).map("".join), st.text(max_size=60))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_RESPONSES)
+def test_linear_cleaning_agrees_with_the_regex_cleaning(response):
+    assert codev.clean_response(response) == _old_clean_response(response)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_RESPONSES, _RESPONSES)
+def test_cleaning_agrees_after_any_prefix(prefix, response):
+    """A scan that starts mid-text (after a match) sees the character before its start."""
+    assert codev.clean_response(prefix + response) == _old_clean_response(prefix + response)
+
+
+@pytest.mark.parametrize(
+    "loop",
+    ["module ", "macromodule ", "<think>", "```", "```verilog" + "x" * 1000, "</think><think>"],
+)
+def test_a_10_mb_repetition_loop_cleans_in_seconds(loop):
+    """A model stuck repeating itself writes megabytes of one token. The regexes this module used
+    took 22 minutes on 1.4 MB of `module ` (quadratic: 10 MB would take hours); the bounded
+    searches take about a second on a busy 2-core machine."""
+    response = "<answer>\n" + loop * (10_000_000 // len(loop))
+    started = time.perf_counter()
+    codev.clean_response(response)
+    assert time.perf_counter() - started < 5
 
 
 def test_rows_stream_with_limits_and_blank_lines(tmp_path):
@@ -124,3 +196,47 @@ def test_remote_path_through_fsspec():
     assert len(list(codev.iter_rows("memory://bucket/codev.jsonl"))) == 3
     with pytest.raises(errors.UserError, match="file not found"):
         list(codev.iter_rows("memory://bucket/missing.jsonl"))
+
+
+def test_a_gzip_dataset_is_read_as_its_text(tmp_path):
+    """A .jsonl.gz (or a gzip file under any name) streams the same rows as the plain file."""
+    text = '{"prompt": "p1", "response": "r1"}\n{"prompt": "p2", "response": "r2"}\n'
+    plain = tmp_path / "d.jsonl"
+    plain.write_text(text)
+    for name in ("d.jsonl.gz", "d_compressed.jsonl"):
+        (tmp_path / name).write_bytes(gzip.compress(text.encode()))
+        assert list(codev.iter_rows(str(tmp_path / name))) == list(codev.iter_rows(str(plain)))
+    fsspec.filesystem("memory").pipe_file("/bucket/d.jsonl.gz", gzip.compress(text.encode()))
+    assert len(list(codev.iter_rows("memory://bucket/d.jsonl.gz"))) == 2
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        # Latin-1, not UTF-8: the line and the byte are named.
+        (b'{"prompt": "p", "response": "r"}\n{"prompt": "caf\xe9", "response": "r"}\n',
+         r"d\.jsonl: line 2: not UTF-8 text \(byte 0xE9 at offset 15\)"),
+        # JSON can spell half a surrogate pair; no tokenizer encodes it.
+        (b'{"prompt": "p", "response": "x\\udc00y"}\n',
+         r"line 1: field 'response' holds a lone surrogate \('\\udc00' at character 1\)"),
+        (gzip.compress(b'{"prompt": "p", "response": "r"}\n' * 100)[:40],
+         r"d\.jsonl: damaged gzip data"),
+    ],
+)  # fmt: skip
+def test_undecodable_datasets_are_one_line(tmp_path, content, match):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(errors.UserError, match=match) as info:
+        list(codev.iter_rows(str(path)))
+    assert "\n" not in str(info.value)
+
+
+def test_a_directory_or_a_path_under_a_file_is_named(tmp_path):
+    with pytest.raises(errors.UserError, match=r"is a directory, expected a file"):
+        list(codev.iter_rows(str(tmp_path)))
+    (tmp_path / "f").write_text("")
+    with pytest.raises(errors.UserError, match=r"f/d\.jsonl: file not found \(.*/f is a file"):
+        list(codev.iter_rows(str(tmp_path / "f" / "d.jsonl")))
+    fsspec.filesystem("memory").pipe_file("/bucket/dir/x.jsonl", b"")
+    with pytest.raises(errors.UserError, match=r"memory://bucket/dir: is a directory"):
+        list(codev.iter_rows("memory://bucket/dir"))

@@ -15,6 +15,7 @@ constructor checks this on a sample.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -62,6 +63,8 @@ class ChatFormat:
             )
         self.tokenizer = tokenizer
         self.end_of_turn = end_of_turn or getattr(tokenizer, "eot_token", None) or "<turn|>"
+        self.control_tokens = control_tokens(tokenizer)
+        self._control_pattern = re.compile("|".join(map(re.escape, self.control_tokens)))
         history = self._render([_user(_PROBE_PROMPT)], generation_prompt=False)
         turn = self._model_turn(_PROBE_PROMPT, _SENTINEL, history)
         if turn.count(_SENTINEL) != 1:
@@ -74,6 +77,8 @@ class ChatFormat:
             )
         self.turn_trailer = trailer
         self.target_suffix = trailer[: trailer.index(self.end_of_turn) + len(self.end_of_turn)]
+        # Tokens of an empty model turn: a target this long shows nothing of its answer.
+        self.empty_target_len = len(self._encode([self.target_suffix])[0])
         generation = self._render([_user(_PROBE_PROMPT)], generation_prompt=True)
         if not generation.startswith(history + self.turn_opening):
             raise errors.UserError(
@@ -106,6 +111,15 @@ class ChatFormat:
                 "model turn follows; cannot split prompt and target"
             )
         return conversation[len(history) :]
+
+    def find_control_token(self, text: str) -> str | None:
+        """The first control token (`<bos>`, `<|turn>`, `<turn|>`, ...) written in `text`, or
+        None. The tokenizer turns such a string into the control token itself, so a prompt or an
+        answer holding one would open or close turns of the conversation it is trained as."""
+        if not self.control_tokens:
+            return None
+        found = self._control_pattern.search(text)
+        return found.group(0) if found else None
 
     def prompt_text(self, prompt: str) -> str:
         """What the chat endpoint renders for one user message (with the generation prompt)."""
@@ -141,6 +155,16 @@ class ChatFormat:
             Example(np.asarray(p + t, dtype=np.int32), len(p))
             for p, t in zip(prompts, targets, strict=True)
         ]
+
+
+def control_tokens(tokenizer: Any) -> tuple[str, ...]:
+    """The special tokens of a Hugging Face tokenizer (named ones and added ones marked special),
+    longest first so that a search takes `<|tool_response>` whole rather than a shorter token."""
+    found = set(getattr(tokenizer, "all_special_tokens", ()) or ())
+    for added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(added, "special", False):
+            found.add(str(added.content))
+    return tuple(sorted((t for t in found if t), key=lambda t: (-len(t), t)))
 
 
 def _user(text: str) -> dict[str, str]:

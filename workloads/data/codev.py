@@ -17,8 +17,14 @@ from workloads import errors, storage
 
 REQUIRED_FIELDS = ("prompt", "response")
 
+# Cleaning must take time linear in the response: a model stuck in a loop writes megabytes of
+# `module module ...` or `<think><think>...`. A lazy pattern such as `<think>.*?</think>` is linear
+# as long as every place it starts at succeeds; one opening without a closing after it is
+# retried from every later opening, scanning to the end each time (quadratic: 1.4 MB of
+# `module ` took 22 minutes). Each search below is therefore confined to where every start
+# succeeds; the helpers that use them say how.
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
-_ANSWER_BLOCK = re.compile(r"<answer>(.*?)(?:</answer>|\Z)", re.DOTALL)
+_ANSWER_BLOCK = re.compile(r"<answer>(.*?)(?:</answer>|\Z)", re.DOTALL)  # always succeeds
 # A fenced block: opening ``` with an optional language tag on its line, then the body.
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _MODULE = re.compile(r"\b(?:macro)?module\b.*?\bendmodule\b", re.DOTALL)
@@ -38,8 +44,9 @@ def iter_rows(path: str, max_rows: int | None = None) -> Iterator[Row]:
     """Streams the first `max_rows` rows (blank lines are skipped, not counted).
 
     Raises:
-        errors.UserError: the file is missing, a line is not a JSON object, a row lacks `prompt`
-            or `response` (the message lists the fields found), or a field is not a string.
+        errors.UserError: the file is missing or not UTF-8 text, a line is not a JSON object, a
+            row lacks `prompt` or `response` (the message lists the fields found), or a field is
+            not a string or holds a lone surrogate.
     """
     count = 0
     if max_rows is not None and max_rows <= 0:
@@ -73,6 +80,16 @@ def iter_rows(path: str, max_rows: int | None = None) -> Iterator[Row]:
                     f"{path}: line {number}: field {field!r} must be a string, "
                     f"got {type(value).__name__}"
                 )
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                # JSON can spell one half of a surrogate pair ("\\ud800"); no tokenizer can
+                # encode the result.
+                raise errors.UserError(
+                    f"{path}: line {number}: field {field!r} holds a lone surrogate "
+                    f"({value[exc.start]!r} at character {exc.start}); only valid Unicode text "
+                    "is allowed"
+                ) from None
             values.append(value)
         yield Row(line=number, prompt=values[0], response=values[1])
         count += 1
@@ -83,12 +100,57 @@ def iter_rows(path: str, max_rows: int | None = None) -> Iterator[Row]:
 def strip_thinking(text: str) -> str:
     """Removes `<think>...</think>` blocks, text before a stray `</think>` (the opening tag was
     in the prompt) and everything after an unterminated `<think>` (thinking never finished)."""
-    text = _THINK_BLOCK.sub("", text)
+    text = _remove_think_blocks(text)
     if "</think>" in text:
         text = text.rsplit("</think>", 1)[1]
     if "<think>" in text:
         text = text.split("<think>", 1)[0]
     return text
+
+
+def _remove_think_blocks(text: str) -> str:
+    """Each `<think>` up to the first `</think>` after it removed. Only the text up to the last
+    `</think>` is searched: an opening after it has no closing, so it stays either way."""
+    last = text.rfind("</think>")
+    if last < 0:
+        return text
+    cut = last + len("</think>")
+    return _THINK_BLOCK.sub("", text[:cut]) + text[cut:]
+
+
+def _fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """(language tag, body) of each fenced block; an unclosed fence runs to the end.
+
+    A fence needs a line break after it. A trailing newline is added before searching so that
+    every ``` has one: a fence it completes has an empty body (callers skip those), and the body
+    of an unclosed fence only gains a trailing newline (callers strip those).
+    """
+    return _FENCE.findall(text + "\n")
+
+
+def _modules(text: str) -> list[str]:
+    """Each `module ... endmodule` (or `macromodule ...`). Only the text up to the end of the last
+    whole-word `endmodule` is searched: a keyword after it has no end, so it is never taken."""
+    end = _last_endmodule_end(text)
+    if end is None:
+        return []
+    return [match.group(0) for match in _MODULE.finditer(text, 0, end)]
+
+
+def _last_endmodule_end(text: str) -> int | None:
+    """Where the last whole-word `endmodule` ends, or None."""
+    limit = len(text)
+    while (at := text.rfind("endmodule", 0, limit)) >= 0:
+        end = at + len("endmodule")
+        if not _is_word(text, at - 1) and not _is_word(text, end):
+            return end
+        limit = end - 1
+    return None
+
+
+def _is_word(text: str, index: int) -> bool:
+    """Whether text[index] exists and is a word character (what `\\w` matches)."""
+    return 0 <= index < len(text) and (text[index].isalnum() or text[index] == "_")
 
 
 def extract_verilog(text: str) -> str:
@@ -100,12 +162,12 @@ def extract_verilog(text: str) -> str:
     """
     blocks = [
         body.strip("\n")
-        for tag, body in _FENCE.findall(text)
+        for tag, body in _fenced_blocks(text)
         if tag.lower() in _VERILOG_TAGS and body.strip()
     ]
     if blocks:
         return "\n\n".join(blocks)
-    return "\n\n".join(match.group(0) for match in _MODULE.finditer(text))
+    return "\n\n".join(_modules(text))
 
 
 def clean_response(response: str) -> str:

@@ -1,9 +1,10 @@
 """CodeV-R1 JSONL -> deterministic, host-sharded, fixed-shape training batches.
 
 `prepare` reads the first `data.max_rows` rows, cleans each response, renders prompt and target
-with the model's chat template, drops empty samples and samples longer than `data.max_seq_len`
-(never truncates), then packs the kept samples into rows (or puts one per row) and groups the
-rows into micro-batches of `train.micro_batch` rows. Every host runs the same computation and takes
+with the model's chat template, drops empty samples, samples whose text holds a control token of
+the tokenizer and samples longer than `data.max_seq_len` (never truncates), then packs the kept
+samples into rows (or puts one per row) and groups the rows into micro-batches of
+`train.micro_batch` rows. Every host runs the same computation and takes
 its own slice of each micro-batch, so hosts get disjoint rows and the same number of batches.
 
 Order is a pure function of the data, the tokenizer, the config and the epoch: rows are listed by
@@ -39,8 +40,12 @@ class DataStats:
         rows_read: JSONL rows read (at most data.max_rows).
         kept: samples that go into training.
         dropped_too_long: samples longer than max_seq_len tokens (dropped, never truncated).
-        dropped_empty: rows with an empty prompt, or a response with no Verilog left after
-            cleaning (empty, thinking only, no code).
+        dropped_empty: rows with an empty prompt, a response with no Verilog left after
+            cleaning (empty, thinking only, no code), or an answer the chat template hides
+            (the model turn it renders is empty).
+        dropped_control_tokens: rows whose prompt or cleaned answer holds a control token of
+            the tokenizer (`<bos>`, `<|turn>`, `<turn|>`, ...): trained as written, it would
+            forge turns of the conversation, so the row is left out.
         rows_out: training rows holding at least one sample.
         pad_rows: all-padding rows appended so that the last micro-batch is full.
         real_tokens: tokens of kept samples (prompt + target).
@@ -54,6 +59,7 @@ class DataStats:
     kept: int
     dropped_too_long: int
     dropped_empty: int
+    dropped_control_tokens: int
     rows_out: int
     pad_rows: int
     real_tokens: int
@@ -72,7 +78,8 @@ class DataStats:
         return (
             f"data: {self.rows_read} rows read, {self.kept} kept, {self.dropped_too_long} "
             f"dropped as longer than {self.max_seq_len} tokens, {self.dropped_empty} dropped "
-            f"as empty; {layout} into {self.rows_out} rows (+{self.pad_rows} padding rows); "
+            f"as empty, {self.dropped_control_tokens} dropped for control tokens in their text; "
+            f"{layout} into {self.rows_out} rows (+{self.pad_rows} padding rows); "
             f"{self.real_tokens} real of {self.computed_tokens} computed tokens "
             f"({100 * self.real_fraction:.1f}% real), {self.target_tokens} under the loss"
         )
@@ -171,14 +178,16 @@ def prepare(
     _check_hosts(cfg.train.micro_batch, host_index, host_count)
     started = time.monotonic()
     formatter = chat.ChatFormat(tokenizer)
-    rows_read = dropped_empty = dropped_too_long = 0
+    rows_read = dropped_empty = dropped_too_long = dropped_control = 0
     samples: list[chat.Example] = []
     pending: list[tuple[str, str]] = []
 
     def render_pending() -> None:
-        nonlocal dropped_too_long
+        nonlocal dropped_too_long, dropped_empty
         for example in formatter.render_many(pending):
-            if len(example) > data.max_seq_len:
+            if len(example) - example.prompt_len <= formatter.empty_target_len:
+                dropped_empty += 1  # the template hid the whole answer
+            elif len(example) > data.max_seq_len:
                 dropped_too_long += 1
             else:
                 samples.append(example)
@@ -190,6 +199,9 @@ def prepare(
         if not row.prompt.strip() or not answer:
             dropped_empty += 1
             continue
+        if formatter.find_control_token(row.prompt) or formatter.find_control_token(answer):
+            dropped_control += 1
+            continue
         pending.append((row.prompt, answer))
         if len(pending) == _RENDER_CHUNK:
             render_pending()
@@ -197,7 +209,8 @@ def prepare(
     if not samples:
         raise errors.UserError(
             f"{data.dataset}: no training sample left ({rows_read} rows read, {dropped_empty} "
-            f"empty, {dropped_too_long} longer than data.max_seq_len={data.max_seq_len})"
+            f"empty, {dropped_control} with control tokens, {dropped_too_long} longer than "
+            f"data.max_seq_len={data.max_seq_len})"
         )
     lengths = [len(s) for s in samples]
     plan = packing.plan_packed if data.packing else packing.plan_unpacked
@@ -209,6 +222,7 @@ def prepare(
         kept=len(samples),
         dropped_too_long=dropped_too_long,
         dropped_empty=dropped_empty,
+        dropped_control_tokens=dropped_control,
         rows_out=len(rows),
         pad_rows=pad_rows,
         real_tokens=sum(lengths),

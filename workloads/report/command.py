@@ -17,7 +17,7 @@ from typing import Any
 
 from workloads import catalog, errors, runconfig, storage
 from workloads.evaluation import judge
-from workloads.report import costs
+from workloads.report import costs, summaries
 
 MISSING = "not measured"
 NOT_REPORTED = "not reported"  # a figure the paper does not give
@@ -115,9 +115,10 @@ def main(args: argparse.Namespace) -> int:
         isinstance(bench_rows, list) and all(isinstance(r, dict) for r in bench_rows)
     ):
         raise errors.UserError(f"{found['bench']}: expected a list of rows (bench summary.json)")
-    for path, data in ((found["train"], train_summary), (found["eval"], eval_summary)):
-        if data is not None and not isinstance(data, dict):
-            raise errors.UserError(f"{path}: expected a JSON object")
+    if found["train"]:
+        train_summary = summaries.check_train_summary(train_summary, found["train"])
+    if eval_summary is not None and not isinstance(eval_summary, dict):
+        raise errors.UserError(f"{found['eval']}: expected a JSON object")
 
     train_acc = _accelerator(args.train_accelerator, "--train-accelerator")
     notes: list[str] = []
