@@ -327,7 +327,12 @@ def test_runaway_designs_end_promptly(majority, tmp_path, monkeypatch, no_textua
         directory_bytes=2 << 20,
     )
     verdict = _judge(RUNAWAY[name], majority, limits)
-    assert (verdict.status, verdict.reason) == RUNAWAY_VERDICTS[name]
+    if name == "elaborates without end" and verdict.status == "C":
+        # On a quiet machine iverilog reaches the address-space limit before the timeout and
+        # reports it as a compile error: a failed sample either way, and a prompt one.
+        assert verdict.reason == "compile error"
+    else:
+        assert (verdict.status, verdict.reason) == RUNAWAY_VERDICTS[name]
     assert len(verdict.log_tail) <= 2000
     assert list(tmp_path.iterdir()) == []  # the sample directory, big.txt included, is gone
 
