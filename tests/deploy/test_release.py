@@ -321,3 +321,39 @@ def test_build_never_rebuilds_the_active_release(tmp_path: pathlib.Path) -> None
 
     assert proc.returncode == 1 and "is the active release" in proc.stderr
     assert (tmp_path / "opt/gemma4/releases/a" / release.MARKER).exists()
+
+
+@pytest.mark.sshd
+@pytest.mark.slow
+def test_a_worker_that_cannot_install_leaves_every_worker_on_the_old_version(
+    sshd_factory, wheel: component.Wheel
+) -> None:
+    workers: list[Worker] = [sshd_factory("w0"), sshd_factory("w1")]
+    for w in workers:
+        w.make_venv()
+        w.mark_ready()
+    # One bundle for the slice (its units name w0's root; only the shim reads them on w1).
+    old = make_bundle(workers[0].root, wheel, make_run_config(run_name="old"))
+    new = make_bundle(workers[0].root, wheel, make_run_config(run_name="new"))
+    deploy(workers, old, Steps())
+    for w in workers:
+        w.clear_calls()
+
+    hook = Steps()
+    hook.actions[(host(workers[1]), "install")] = workers[1].stop
+    with pytest.raises(remote.DeployError, match="step 'install' failed"):
+        deploy(workers, new, hook)
+    workers[1].start()
+    # w0 built the new release but switched nothing: a slice never runs two versions.
+    assert (workers[0].root / "opt/gemma4/releases" / new.release / "COMPLETE").exists()
+    for w in workers:
+        _assert_old_untouched(w, old)
+
+    hook = Steps()
+    deploy(workers, new, hook)
+    assert "install" not in hook.steps(host(workers[0]))  # its complete release is reused
+    for w in workers:
+        found = installed(w)
+        assert found["active"] == f"releases/{new.release}"
+        assert found["state"]["fingerprint"] == new.fingerprint
+        assert set(found["releases"]) == set(found["complete"]) == {old.release, new.release}
