@@ -222,8 +222,10 @@ def plan_units(
     env = _environment()
     context: dict[str, Any] = {
         "run_name": run_config.run_name,
-        "python": layout.python,
-        "config_path": layout.config_path,
+        # Only paths under `current`: a unit starts whatever release is active, and `current`
+        # only ever points at a complete one (infra.remote.release).
+        "python": layout.active_python,
+        "config_path": layout.active_config,
         "env_file": layout.env_file,
         "work_dir": layout.state_dir,
         "ready_marker": layout.ready_marker,

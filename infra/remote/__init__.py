@@ -4,8 +4,10 @@
 - `bundle`: what one deploy installs and its fingerprint;
 - `errors`: what a failed step, worker or wait raises;
 - `transport`: one checked command on a worker, waiting for a worker to be ready;
-- `steps`: stage, activate and undeploy on one worker;
-- `fleet`: the same across every worker of a VM, stage-all-then-activate-all.
+- `release`: the remote commands that build, verify, switch to and prune a release;
+- `space`: free disk space, checked before writing and named when a write failed;
+- `steps`: prepare, activate and undeploy on one worker;
+- `fleet`: the same across every worker of a VM, prepare-all-then-activate-all.
 
 The names below are the package's public surface; callers use `remote.deploy_all` and friends.
 """
@@ -13,21 +15,31 @@ The names below are the package's public surface; callers use `remote.deploy_all
 from __future__ import annotations
 
 from infra.remote.bundle import Bundle, fingerprint, sha256_text
-from infra.remote.errors import DeployError, ReadyTimeout, RemoteError
+from infra.remote.errors import DeployError, DiskFull, ReadyTimeout, RemoteError
 from infra.remote.fleet import HostResult, deploy_all, undeploy_all
 from infra.remote.layout import WORKER, RemoteLayout
-from infra.remote.steps import StepHook, activate, prepare, read_state, undeploy
+from infra.remote.steps import (
+    StepHook,
+    WorkerState,
+    activate,
+    prepare,
+    read_state,
+    read_worker,
+    undeploy,
+)
 from infra.remote.transport import chain, reachable, run, wait_ready
 
 __all__ = [
     "WORKER",
     "Bundle",
     "DeployError",
+    "DiskFull",
     "HostResult",
     "ReadyTimeout",
     "RemoteError",
     "RemoteLayout",
     "StepHook",
+    "WorkerState",
     "activate",
     "chain",
     "deploy_all",
@@ -35,6 +47,7 @@ __all__ = [
     "prepare",
     "reachable",
     "read_state",
+    "read_worker",
     "run",
     "sha256_text",
     "undeploy",

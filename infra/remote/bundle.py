@@ -1,8 +1,8 @@
 """What one deploy puts on a worker, and the fingerprint that says whether it is there already.
 
 The deployed state of a worker is a small JSON file (`/var/lib/gemma4/deployed.json`) with the
-fingerprint of what was deployed: equal fingerprints mean nothing to do, so re-deploying the same
-thing costs one `cat`.
+fingerprint of what was deployed: equal fingerprints (and `current` pointing at that release)
+mean nothing to do, so re-deploying the same thing costs one command.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import pathlib
+import zipfile
 from collections.abc import Mapping, Sequence
 
 
@@ -21,12 +22,13 @@ class Bundle:
     Attributes:
         wheel_path: local path of the workloads wheel built from this checkout.
         wheel_sha256: content hash of the wheel (see infra.components.workloads.wheel_hash).
-        run_config_yaml: the run config, installed as /etc/gemma4/run.yaml (mode 0600).
+        run_config_yaml: the run config, installed as the release's run.yaml (mode 0600).
         units: systemd unit file name -> rendered text.
         enable: units to enable (start at boot).
         start: units to (re)start after the install, in this order.
-        install_deps: let pip install the wheel's missing dependencies (the startup script
-            installs the pinned stack; this only fills in what it did not).
+        install_deps: let pip install the wheel's missing dependencies into the release's
+            venv (the startup script installs the pinned stack into the base venv; this only
+            fills in what it did not).
     """
 
     wheel_path: str
@@ -51,6 +53,27 @@ class Bundle:
     @property
     def wheel_name(self) -> str:
         return pathlib.Path(self.wheel_path).name
+
+    @property
+    def release(self) -> str:
+        """The name of this bundle's release directory on a worker (see RemoteLayout)."""
+        return self.fingerprint[:16]  # infra.remote.release.NAME_LENGTH
+
+    def staged_bytes(self) -> int:
+        """What the upload writes into the staging directory."""
+        texts = [self.run_config_yaml, *self.units.values()]
+        return pathlib.Path(self.wheel_path).stat().st_size + sum(len(t.encode()) for t in texts)
+
+    def release_bytes(self) -> int:
+        """About what a release of this bundle takes on disk: the unpacked wheel three times
+        (sources, bytecode, file-system blocks of ~100 small files), a copy of the wheel, the
+        config and units, and 1 MiB for the venv itself: 4.1 MB for today's 0.3 MB wheel (0.9 MB
+        unpacked), whose release measures 3.1 MB (`du`, wheel copy and bytecode included).
+        Dependencies that pip adds (install_deps) are not counted: the startup script installs
+        them into the base venv."""
+        with zipfile.ZipFile(self.wheel_path) as archive:
+            unpacked = sum(info.file_size for info in archive.infolist())
+        return 3 * unpacked + self.staged_bytes() + (1 << 20)
 
 
 def sha256_text(text: str) -> str:

@@ -50,3 +50,25 @@ class ReadyTimeout(RemoteError):
 
     def __init__(self, host: str, log_path: str | None, detail: str):
         super().__init__(host, "wait-ready", None, log_path, detail, outcome="timed out")
+
+
+def mib(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MiB"
+
+
+class DiskFull(RemoteError):
+    """A step could not write because a worker's disk is full: one line with the host, the
+    path, its free space and what the deploy needs there."""
+
+    def __init__(self, host: str, step: str, path: str, free: int, needed: int):
+        self.path, self.free, self.needed = path, free, needed
+        super().__init__(
+            host,
+            step,
+            None,
+            None,
+            f"{path} has {mib(free)} free"
+            + (f", this deploy needs about {mib(needed)} there" if needed else "")
+            + "; free space on that disk and deploy again",
+            outcome="failed (disk full)",
+        )

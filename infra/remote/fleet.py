@@ -1,4 +1,4 @@
-"""A deploy across every worker of a VM: stage all, then activate all, failures collected."""
+"""A deploy across every worker of a VM: prepare all, then activate all, failures collected."""
 
 from __future__ import annotations
 
@@ -13,7 +13,16 @@ from infra import ssh
 from infra.remote.bundle import Bundle
 from infra.remote.errors import DeployError, RemoteError
 from infra.remote.layout import RemoteLayout
-from infra.remote.steps import StepHook, activate, log_step, prepare, read_state, undeploy
+from infra.remote.steps import (
+    StepHook,
+    WorkerState,
+    activate,
+    log_step,
+    prepare,
+    prune,
+    read_worker,
+    undeploy,
+)
 from infra.remote.transport import host_name, wait_ready
 
 
@@ -46,11 +55,13 @@ def deploy_all(
 ) -> list[HostResult]:
     """Deploys `bundle` to every worker of a VM in parallel.
 
-    Phase 1 on every worker: wait for SSH and the ready marker, read the deployed state, and
-    stage the files of workers that differ. Only when every worker is staged does phase 2
-    activate them (stop, install, config, units, start, record), so a worker that cannot be
-    reached leaves the running job of the others untouched. A worker that fails in phase 2 is
-    named with its step; the others finish, each internally consistent.
+    Phase 1 on every worker: wait for SSH and the ready marker, read the deployed state, and on
+    workers that differ build and verify the new release next to the running one (upload, venv,
+    wheel, config, units). Only when every worker has its release complete does phase 2
+    activate them (stop, switch `current`, units, start, record, prune), so a worker that cannot
+    be reached or cannot install leaves the running job of every worker untouched. A worker
+    that fails in phase 2 is named with its step; the others finish. A deploy interrupted
+    anywhere (a kill, a lost connection, a full disk) converges on the next one.
 
     Args:
         layout: where things live: one layout for every worker (a real slice), or one per
@@ -62,7 +73,7 @@ def deploy_all(
     hook = hook or log_step
     layouts = _layouts(conns, layout)
 
-    def stage(conn: fabric.Connection) -> tuple[dict[str, Any], str | None]:
+    def stage(conn: fabric.Connection) -> tuple[WorkerState, str | None]:
         lay = layouts[id(conn)]
         wait_ready(
             conn,
@@ -73,10 +84,13 @@ def deploy_all(
             settings=settings,
         )
         hook(host_name(conn), "check")
-        state = read_state(conn, lay)
-        if state.get("fingerprint") == bundle.fingerprint:
-            return state, None
-        return state, prepare(conn, bundle, lay, sudo=sudo, hook=hook)
+        worker = read_worker(conn, lay, bundle)
+        if worker.up_to_date(bundle):
+            if worker.leftovers(bundle):  # a deploy was stopped while it pruned
+                keep = [bundle.release, worker.state.get("previous") or bundle.release]
+                prune(conn, lay, keep, sudo=sudo, hook=hook)
+            return worker, None
+        return worker, prepare(conn, bundle, lay, worker, sudo=sudo, hook=hook)
 
     staged = _parallel(vm, conns, stage)
     results = [
@@ -86,8 +100,8 @@ def deploy_all(
     todo = {id(c): (c, s, d) for c, (s, d) in zip(conns, staged, strict=True) if d is not None}
 
     def go(conn: fabric.Connection) -> None:
-        _, state, stage_dir = todo[id(conn)]
-        activate(conn, bundle, layouts[id(conn)], stage_dir, state, sudo=sudo, hook=hook)
+        _, worker, _ = todo[id(conn)]
+        activate(conn, bundle, layouts[id(conn)], worker, sudo=sudo, hook=hook)
 
     _parallel(vm, [c for c, _, _ in todo.values()], go)
     return results

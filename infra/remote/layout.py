@@ -3,6 +3,13 @@
 The startup scripts (infra/startup.py renders them) and the deploy steps both read these paths
 from a RemoteLayout, so a path is written once. `root` prefixes every path: the tests run
 several "workers" under temporary directories on one machine.
+
+A deployed version lives in its own directory, `/opt/gemma4/releases/<release>/` (the first 16
+hex digits of the bundle's fingerprint): `venv/` (the workloads package, layered on the base venv
+the startup script installs), `run.yaml`, `units/` and the installed wheel, and a `COMPLETE`
+marker written last, once the package imports and reads its run config. `/opt/gemma4/current`
+is a relative symlink to the active release, replaced with one rename(2); the systemd units
+name only paths under `current`, so whatever they start is a complete version.
 """
 
 from __future__ import annotations
@@ -21,16 +28,45 @@ class RemoteLayout:
         return posixpath.join(self.root, *parts)
 
     @property
+    def app_dir(self) -> str:
+        return self.path("opt/gemma4")
+
+    @property
     def venv(self) -> str:
-        return self.path("opt/gemma4/venv")
+        """The base venv with the pinned stack (the startup script's); releases layer on it."""
+        return posixpath.join(self.app_dir, "venv")
 
     @property
     def python(self) -> str:
+        """The base venv's interpreter: it creates each release's venv."""
         return posixpath.join(self.venv, "bin/python")
 
     @property
-    def wheels_dir(self) -> str:
-        return self.path("opt/gemma4/wheels")
+    def legacy_wheels_dir(self) -> str:
+        """Where deploys before per-version releases kept the installed wheel (pruned)."""
+        return posixpath.join(self.app_dir, "wheels")
+
+    @property
+    def releases_dir(self) -> str:
+        return posixpath.join(self.app_dir, "releases")
+
+    def release_dir(self, release: str) -> str:
+        return posixpath.join(self.releases_dir, release)
+
+    @property
+    def current(self) -> str:
+        """Symlink to the active release (target `releases/<release>`, relative)."""
+        return posixpath.join(self.app_dir, "current")
+
+    @property
+    def active_python(self) -> str:
+        """The interpreter the units run: the active release's venv."""
+        return posixpath.join(self.current, "venv/bin/python")
+
+    @property
+    def active_config(self) -> str:
+        """The run config the units read: the active release's."""
+        return posixpath.join(self.current, "run.yaml")
 
     @property
     def config_dir(self) -> str:
@@ -38,6 +74,8 @@ class RemoteLayout:
 
     @property
     def config_path(self) -> str:
+        """Stable name of the active run config for people and $GEMMA4_RUN_CONFIG: a symlink
+        to `active_config`."""
         return posixpath.join(self.config_dir, "run.yaml")
 
     @property

@@ -1,23 +1,33 @@
-"""The deploy steps on one worker: stage the files, then activate them, or undeploy.
+"""The deploy steps on one worker: prepare a release, then activate it, or undeploy.
 
 Every step is a plain function that takes a fabric Connection, so the Pulumi provider, the
-operator commands and the tests all call the same code. The deployed state file is written last,
-so a deploy that stops half-way is redone completely next time (each step is idempotent).
+operator commands and the tests all call the same code.
+
+`prepare` builds the new version in its own release directory (infra.remote.release) while the
+old job keeps running: upload, venv + wheel, config and units, then the import check that marks
+it complete. `activate` stops the old job, switches `current` to the new release with one
+rename, installs the units (they name only paths under `current`), starts them, records the
+state and prunes old releases. The deployed state file is written after the switch and the
+start, so a deploy that stops anywhere is redone next time; every step is idempotent, and a
+release that was already built completely is reused (a rollback to the previous version
+uploads and installs nothing).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import posixpath
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import fabric
 import paramiko
 
+from infra.remote import release, space
 from infra.remote.bundle import Bundle, sha256_text
 from infra.remote.errors import RemoteError
 from infra.remote.layout import RemoteLayout
@@ -31,14 +41,139 @@ StepHook = Callable[[str, str], None]
 
 
 def read_state(conn: fabric.Connection, layout: RemoteLayout) -> dict[str, Any]:
-    """The worker's deployed state ({} when nothing was deployed): the one 'check' command."""
+    """The worker's deployed state ({} when nothing was deployed)."""
     script = 'cat "$0" 2>/dev/null || true'
     result = run(conn, "check", ["sh", "-c", script, layout.state_file])
+    return _parse_state(result.stdout)
+
+
+def _parse_state(text: str) -> dict[str, Any]:
     try:
-        state = json.loads(result.stdout) if result.stdout.strip() else {}
+        state = json.loads(text) if text.strip() else {}
     except json.JSONDecodeError:
         return {}  # a damaged state file only means: deploy everything again
     return state if isinstance(state, dict) else {}
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerState:
+    """What one 'check' command finds on a worker.
+
+    Attributes:
+        state: the deployed state file ({} when none or damaged).
+        active: the release `current` points at (None when there is none).
+        release_complete: the bundle's release directory holds a complete build.
+        unit_files: the bundle's units that have a file in the unit directory.
+        entries: what the releases and staging directories hold (`releases/<name>`,
+            `incoming/<name>`).
+    """
+
+    state: dict[str, Any]
+    active: str | None
+    release_complete: bool
+    unit_files: tuple[str, ...] = ()
+    entries: tuple[str, ...] = ()
+
+    def leftovers(self, bundle: Bundle) -> bool:
+        """Whether an interrupted prune left something behind besides the active release and
+        the one kept for a rollback."""
+        keep = {f"releases/{name}" for name in (bundle.release, self.state.get("previous"))}
+        return any(
+            entry not in keep
+            and (entry.startswith("incoming/") or release.is_release_name(entry.split("/")[-1]))
+            for entry in self.entries
+        )
+
+    def up_to_date(self, bundle: Bundle) -> bool:
+        return self.state.get("fingerprint") == bundle.fingerprint and self.active == bundle.release
+
+    def rollback_candidates(self, bundle: Bundle) -> list[str]:
+        """The releases a deploy of `bundle` may keep for a rollback, best first: the active
+        one, the recorded one (a deploy that stopped after its switch made the new one active),
+        the recorded previous one."""
+        names = [self.active, self.state.get("release"), self.state.get("previous")]
+        found: list[str] = []
+        for name in names:
+            if isinstance(name, str) and name and name != bundle.release and name not in found:
+                found.append(name)
+        return found
+
+    @property
+    def units(self) -> list[str]:
+        """The units of the recorded deployment."""
+        return [u for u in self.state.get("units", []) if isinstance(u, str)]
+
+
+_CHECK = r"""state=$1 current=$2 marker=$3 unit_dir=$4 releases=$5 incoming=$6
+shift 6
+target=$(readlink "$current" 2>/dev/null || true)
+printf 'active=%s\n' "${target##*/}"
+if [ -e "$marker" ]; then echo complete=1; else echo complete=0; fi
+for entry in "$releases"/* "$releases"/.[!.]* "$incoming"/* "$incoming"/.[!.]*; do
+    if [ -e "$entry" ]; then printf 'entry=%s\n' "${entry#"${entry%/*/*}/"}"; fi
+done
+for unit in "$@"; do if [ -e "$unit_dir/$unit" ]; then printf 'unit=%s\n' "$unit"; fi; done
+printf 'state='
+cat "$state" 2>/dev/null | tr -d '\n' || true
+echo
+"""
+
+
+# A unit the recorded state names may have lost its file to a deploy killed in its units step:
+# systemd no longer knows it after a reload, and `systemctl stop` or `disable` would fail on it
+# at every later deploy. Such a unit is left out (stop: unless systemd still runs it).
+_STOP = r"""unit_dir=$1
+shift
+for unit in "$@"; do
+    shift
+    if [ -e "$unit_dir/$unit" ] || systemctl is-active --quiet "$unit"; then set -- "$@" "$unit"; fi
+done
+if [ "$#" -gt 0 ]; then systemctl stop "$@"; fi
+"""
+
+_REMOVE_UNITS = r"""set -e
+unit_dir=$1
+shift
+for unit in "$@"; do
+    if [ -e "$unit_dir/$unit" ]; then systemctl disable "$unit"; rm -f -- "$unit_dir/$unit"; fi
+done
+"""
+
+
+def read_worker(conn: fabric.Connection, layout: RemoteLayout, bundle: Bundle) -> WorkerState:
+    """The worker's state for deploying `bundle`: the one 'check' command of a deploy."""
+    state_text = ""
+    result = run(
+        conn,
+        "check",
+        [
+            "sh",
+            "-c",
+            _CHECK,
+            "sh",
+            layout.state_file,
+            layout.current,
+            posixpath.join(layout.release_dir(bundle.release), release.MARKER),
+            layout.unit_dir,
+            layout.releases_dir,
+            layout.incoming_dir,
+            *sorted(bundle.units),
+        ],
+    )
+    active, complete, units, entries = None, False, [], []
+    for line in result.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key == "active":
+            active = value or None
+        elif key == "complete":
+            complete = value == "1"
+        elif key == "unit":
+            units.append(value)
+        elif key == "entry":
+            entries.append(value)
+        elif key == "state":
+            state_text = value
+    return WorkerState(_parse_state(state_text), active, complete, tuple(units), tuple(entries))
 
 
 def _replace(src: str, dest: str, mode: str) -> list[list[str]]:
@@ -46,15 +181,56 @@ def _replace(src: str, dest: str, mode: str) -> list[list[str]]:
     return [["install", "-m", mode, src, dest + ".part"], ["mv", "-f", dest + ".part", dest]]
 
 
-def prepare(
-    conn: fabric.Connection, bundle: Bundle, layout: RemoteLayout, *, sudo: bool, hook: StepHook
-) -> str:
-    """Creates the directories and uploads the wheel, config and units to a private staging dir.
+def _remove_entries(directory: str, *keep: str) -> list[str]:
+    """Removes what is in `directory` but the entries named `keep`."""
+    spare = [arg for name in keep for arg in ("!", "-name", name)]
+    return [
+        *("find", directory, "-mindepth", "1", "-maxdepth", "1"),
+        *spare,
+        *("-exec", "rm", "-rf", "{}", "+"),
+    ]
 
-    Nothing that runs is touched. Returns the staging directory.
+
+def _step(
+    conn: fabric.Connection,
+    step: str,
+    argv: list[str],
+    *,
+    sudo: bool,
+    log: str,
+    path: str,
+    needed: int = 0,
+) -> None:
+    """Runs one logged step; a failure for want of space on `path` becomes one DiskFull line."""
+    try:
+        run(conn, step, argv, sudo=sudo, log_path=log)
+    except RemoteError as err:
+        explained = space.explain(conn, err, path, needed, sudo=sudo)
+        if explained is err:
+            raise
+        raise explained from err
+
+
+def prepare(
+    conn: fabric.Connection,
+    bundle: Bundle,
+    layout: RemoteLayout,
+    worker: WorkerState,
+    *,
+    sudo: bool,
+    hook: StepHook,
+) -> str:
+    """Builds the bundle's release on one worker and verifies it; nothing that runs is touched.
+
+    Returns the release directory.
+
+    Raises:
+        RemoteError: a step failed (DiskFull when for want of space).
     """
     host = host_name(conn)
-    stage = posixpath.join(layout.incoming_dir, bundle.fingerprint[:16])
+    log = layout.deploy_log
+    stage = posixpath.join(layout.incoming_dir, bundle.release)
+    target = layout.release_dir(bundle.release)
     hook(host, "directories")
     run(
         conn,
@@ -67,7 +243,8 @@ def prepare(
                 "0755",
                 layout.state_dir,
                 layout.log_dir,
-                layout.wheels_dir,
+                layout.app_dir,
+                layout.releases_dir,
                 layout.unit_dir,
             ],
             # 0755: login shells read the startup script's env file there; run.yaml is 0600.
@@ -78,6 +255,82 @@ def prepare(
         sudo=sudo,
     )
 
+    # What interrupted deploys left (half-built releases, other staging directories) goes
+    # before the space is measured; the active release, the recorded previous one and a
+    # complete build of this bundle stay.
+    hook(host, "clean")
+    keep = [bundle.release, *worker.rollback_candidates(bundle)]
+    run(
+        conn,
+        "clean",
+        chain(release.prune(layout, keep), _remove_entries(layout.incoming_dir, bundle.release)),
+        sudo=sudo,
+        log_path=log,
+    )
+
+    if not worker.release_complete:
+        hook(host, "space")
+        space.check(
+            conn,
+            {stage: bundle.staged_bytes(), layout.releases_dir: bundle.release_bytes()},
+            sudo=sudo,
+        )
+        _upload(conn, bundle, stage, sudo=sudo, hook=hook)
+
+        hook(host, "install")
+        _step(
+            conn,
+            "install",
+            release.build(
+                layout,
+                bundle.release,
+                posixpath.join(stage, bundle.wheel_name),
+                install_deps=bundle.install_deps,
+            ),
+            sudo=sudo,
+            log=log,
+            path=layout.releases_dir,
+            needed=bundle.release_bytes(),
+        )
+
+        hook(host, "config")
+        units_dir = posixpath.join(target, "units")
+        commands = [
+            ["install", "-m", "0600", posixpath.join(stage, "run.yaml"), target + "/run.yaml"],
+            ["install", "-d", "-m", "0755", units_dir],
+        ]
+        for name in sorted(bundle.units):
+            commands.append(
+                ["install", "-m", "0644", posixpath.join(stage, name), f"{units_dir}/{name}"]
+            )
+        _step(
+            conn,
+            "config",
+            chain(*commands),
+            sudo=sudo,
+            log=log,
+            path=layout.releases_dir,
+            needed=bundle.staged_bytes(),
+        )
+
+    hook(host, "verify")
+    _step(
+        conn,
+        "verify",
+        release.verify(layout, bundle.release, bundle.fingerprint, sorted(bundle.units)),
+        sudo=sudo,
+        log=log,
+        path=layout.releases_dir,
+        needed=bundle.release_bytes(),
+    )
+    return target
+
+
+def _upload(
+    conn: fabric.Connection, bundle: Bundle, stage: str, *, sudo: bool, hook: StepHook
+) -> None:
+    """Uploads the wheel, config and units to the staging directory and checks the wheel."""
+    host = host_name(conn)
     hook(host, "upload")
     try:
         sftp = conn.client.open_sftp()
@@ -91,7 +344,10 @@ def prepare(
             _put_bytes(sftp, text.encode(), posixpath.join(stage, name), 0o644)
     except (*CONNECTION_ERRORS, OSError) as exc:
         drop(conn)
-        raise RemoteError(host, "upload", None, None, f"{type(exc).__name__}: {exc}") from exc
+        err = RemoteError(host, "upload", None, None, f"{type(exc).__name__}: {exc}")
+        # SFTP reports ENOSPC as a bare "Failure": the staging disk's free space tells.
+        why = space.explain(conn, err, stage, bundle.staged_bytes(), sudo=sudo, by_free_space=True)
+        raise why from exc
     finally:
         try:
             sftp.close()
@@ -111,7 +367,6 @@ def prepare(
             None,
             f"uploaded wheel sha256 {remote!r} != local {local!r}",
         )
-    return stage
 
 
 def _put_bytes(sftp: paramiko.SFTPClient, data: bytes, path: str, mode: int) -> None:
@@ -134,76 +389,51 @@ def activate(
     conn: fabric.Connection,
     bundle: Bundle,
     layout: RemoteLayout,
-    stage: str,
-    previous: Mapping[str, Any],
+    worker: WorkerState,
     *,
     sudo: bool,
     hook: StepHook,
 ) -> None:
-    """Stops the old job, installs the staged wheel, config and units, and starts the new job.
+    """Stops the old job, switches `current` to the prepared release, installs and starts the
+    units, records the state and prunes old releases.
 
-    The state file is written last: a failure anywhere before leaves the old fingerprint (or
-    none), and the next deploy repeats every step (each is idempotent).
+    A kill anywhere leaves a worker the next deploy finishes: before the switch the old release
+    is active (its units may be stopped; the next deploy starts them as the new ones); after it,
+    the units on disk name `current`, which is complete.
     """
     host = host_name(conn)
     log = layout.deploy_log
-    old_units = [u for u in previous.get("units", []) if isinstance(u, str)]
+    target = layout.release_dir(bundle.release)
+    old_units = worker.units
+    # Every unit of ours that has a file: one started by a deploy that stopped before its record
+    # may be running too, and no old process may go on running while `current` changes.
+    running = sorted({*old_units, *worker.unit_files})
 
-    if old_units:
-        # The old job must not run on a half-replaced package; the new one starts at the end.
+    if running:
         hook(host, "stop")
-        run(conn, "stop", ["systemctl", "stop", *old_units], sudo=sudo, log_path=log)
+        stop = ["sh", "-c", _STOP, "sh", layout.unit_dir, *running]
+        run(conn, "stop", stop, sudo=sudo, log_path=log)
 
-    hook(host, "install")
-    staged_wheel = posixpath.join(stage, bundle.wheel_name)
-    pip = [layout.python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
-    commands = [[*pip, staged_wheel]] if bundle.install_deps else []
-    # Same version number, new content: force our package (only ours) to be replaced.
-    commands.append([*pip, "--no-deps", "--force-reinstall", staged_wheel])
-    # Keep exactly the installed wheel next to the venv (a record of what runs there).
-    commands += _replace(staged_wheel, posixpath.join(layout.wheels_dir, bundle.wheel_name), "0644")
-    commands.append(
-        [
-            "find",
-            layout.wheels_dir,
-            "-maxdepth",
-            "1",
-            "-name",
-            "*.whl",
-            "!",
-            "-name",
-            bundle.wheel_name,
-            "-delete",
-        ]
-    )
-    run(conn, "install", chain(*commands), sudo=sudo, log_path=log)
-
-    hook(host, "config")
-    run(
-        conn,
-        "config",
-        chain(*_replace(posixpath.join(stage, "run.yaml"), layout.config_path, "0600")),
-        sudo=sudo,
-        log_path=log,
-    )
+    hook(host, "switch")
+    switch = release.switch(layout, bundle.release)
+    _step(conn, "switch", switch, sudo=sudo, log=log, path=layout.app_dir)
 
     hook(host, "units")
     commands = []
     removed = [u for u in old_units if u not in bundle.units]
     if removed:
-        commands.append(["systemctl", "disable", *removed])
-        commands.append(["rm", "-f", *(posixpath.join(layout.unit_dir, u) for u in removed)])
+        commands.append(["sh", "-c", _REMOVE_UNITS, "sh", layout.unit_dir, *removed])
     for name in sorted(bundle.units):
         commands += _replace(
-            posixpath.join(stage, name), posixpath.join(layout.unit_dir, name), "0644"
+            posixpath.join(target, "units", name), posixpath.join(layout.unit_dir, name), "0644"
         )
-    run(conn, "units", chain(*commands), sudo=sudo, log_path=log)
+    _step(conn, "units", chain(*commands), sudo=sudo, log=log, path=layout.unit_dir)
 
     hook(host, "daemon-reload")
     run(conn, "daemon-reload", ["systemctl", "daemon-reload"], sudo=sudo, log_path=log)
     disable = [
         u
-        for u in previous.get("enable", [])
+        for u in worker.state.get("enable", [])
         if isinstance(u, str) and u in bundle.units and u not in bundle.enable
     ]
     if disable or bundle.enable:
@@ -224,8 +454,11 @@ def activate(
         )
 
     hook(host, "record")
+    previous = next(iter(worker.rollback_candidates(bundle)), None)
     state = {
         "fingerprint": bundle.fingerprint,
+        "release": bundle.release,
+        "previous": previous,
         "wheel": bundle.wheel_name,
         "wheel_sha256": bundle.wheel_sha256,
         "run_config_sha256": sha256_text(bundle.run_config_yaml),
@@ -235,29 +468,42 @@ def activate(
         "deployed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     part = layout.state_file + ".part"
-    run(
+    _step(
         conn,
         "record",
         chain(
             ["sh", "-c", 'printf "%s\\n" "$1" > "$0"', part, json.dumps(state, sort_keys=True)],
             ["mv", "-f", part, layout.state_file],
-            # Staged files of this and of any earlier, failed deploy go: one version stays.
-            [
-                "find",
-                layout.incoming_dir,
-                "-mindepth",
-                "1",
-                "-maxdepth",
-                "1",
-                "-exec",
-                "rm",
-                "-rf",
-                "{}",
-                "+",
-            ],
         ),
         sudo=sudo,
-        log_path=log,
+        log=log,
+        path=layout.state_dir,
+    )
+
+    prune(conn, layout, [bundle.release, *([previous] if previous else [])], sudo=sudo, hook=hook)
+
+
+def prune(
+    conn: fabric.Connection,
+    layout: RemoteLayout,
+    keep: Sequence[str],
+    *,
+    sudo: bool,
+    hook: StepHook,
+) -> None:
+    """Removes staged files and every release but the active one and the complete ones named
+    in `keep` (one version back stays for a rollback)."""
+    hook(host_name(conn), "prune")
+    run(
+        conn,
+        "prune",
+        chain(
+            release.prune(layout, keep),
+            _remove_entries(layout.incoming_dir),
+            ["rm", "-rf", layout.legacy_wheels_dir],
+        ),
+        sudo=sudo,
+        log_path=layout.deploy_log,
     )
 
 
@@ -271,7 +517,7 @@ def undeploy(
 ) -> None:
     """Stops and disables the job's units, removes them and the deployed state.
 
-    The venv, the wheel and the run config stay (the VM is usually deleted right after).
+    The releases and `current` stay (the VM is usually deleted right after).
     """
     hook = hook or log_step
     host = host_name(conn)

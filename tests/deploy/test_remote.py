@@ -2,105 +2,27 @@
 
 from __future__ import annotations
 
-import json
 import pathlib
-import shlex
 import stat
-import threading
 import time
 
 import fabric
 import pytest
 
-from infra import remote, ssh
+from infra import remote
 from infra.components import workloads as component
-from tests.deploy.conftest import make_bundle, make_run_config
+from tests.deploy.conftest import (
+    Steps,
+    assert_converged,
+    deploy,
+    host,
+    installed,
+    make_bundle,
+    make_run_config,
+)
 from tests.fixtures.sshd import Worker
 
 pytestmark = pytest.mark.sshd
-
-
-class Steps:
-    """Records (host, step, time) of every remote step; optionally acts at one of them."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str, float]] = []
-        self.actions: dict[tuple[str, str], object] = {}
-        self.lock = threading.Lock()
-
-    def __call__(self, host: str, step: str) -> None:
-        with self.lock:
-            self.calls.append((host, step, time.monotonic()))
-            action = self.actions.pop((host, step), None)
-        if action is not None:
-            action()  # type: ignore[operator]
-
-    def steps(self, host: str | None = None) -> list[str]:
-        return [s for h, s, _ in self.calls if host is None or h == host]
-
-
-def _host(worker: Worker) -> str:
-    return f"{worker.host}:{worker.port}"
-
-
-def _deploy(
-    workers: list[Worker], bundle: remote.Bundle, hook: Steps, ready_timeout_s: float = 20
-) -> list[remote.HostResult]:
-    """remote.deploy_all over real SSH; each test worker has its own root (one layout each)."""
-    conns = [ssh.connect(w.host, w.settings) for w in workers]
-    try:
-        return remote.deploy_all(
-            "test-vm",
-            conns,
-            bundle,
-            [remote.RemoteLayout(str(w.root)) for w in workers],
-            sudo=False,
-            ready_timeout_s=ready_timeout_s,
-            ready_initial_delay_s=0.1,
-            settings=workers[0].settings,
-            hook=hook,
-        )
-    finally:
-        for conn in conns:
-            conn.close()
-
-
-def _installed(worker: Worker) -> dict[str, object]:
-    venv = worker.root / "opt/gemma4/venv"
-    site = next(venv.glob("lib/python3*/site-packages"))
-    return {
-        "dist_infos": sorted(p.name for p in site.glob("gemma4_tpu-*.dist-info")),
-        "wheels": sorted(p.name for p in (worker.root / "opt/gemma4/wheels").iterdir()),
-        "incoming": sorted(p.name for p in (worker.root / "var/lib/gemma4/incoming").iterdir()),
-        "state": json.loads((worker.root / "var/lib/gemma4/deployed.json").read_text()),
-    }
-
-
-def _run_unit_job(worker: Worker, unit: str) -> str:
-    """Runs the installed unit's interpreter with its Environment= and --config, over SSH.
-
-    The job is a real read of the deployed run config by the deployed package (what `train`
-    does first); the unit's full command would start a TPU training run.
-    """
-    text = (worker.root / "etc/systemd/system" / unit).read_text()
-    lines = dict(
-        line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#")
-    )
-    exec_start = shlex.split(lines["ExecStart"])
-    python, config = exec_start[0], exec_start[exec_start.index("--config") + 1]
-    env = lines["Environment"].split()
-    script = (
-        "import sys, workloads, workloads.cli, workloads.runconfig as rc; "
-        "cfg = rc.load(sys.argv[1]); "
-        "print(cfg.run_name, cfg.train.max_steps, workloads.__file__, "
-        "'train' in workloads.cli.COMMANDS)"
-    )
-    conn = ssh.connect(worker.host, worker.settings)
-    try:
-        result = remote.run(conn, "job", ["env", *env, python, "-c", script, config])
-    finally:
-        conn.close()
-    return result.stdout
 
 
 def test_deploy_installs_the_wheel_config_and_units_and_the_job_runs(
@@ -108,9 +30,9 @@ def test_deploy_installs_the_wheel_config_and_units_and_the_job_runs(
 ) -> None:
     bundle = make_bundle(worker.root, wheel)
     hook = Steps()
-    results = _deploy([worker], bundle, hook)
+    results = deploy([worker], bundle, hook)
 
-    assert results == [remote.HostResult(_host(worker), True)]
+    assert results == [remote.HostResult(host(worker), True)]
     config = worker.root / "etc/gemma4/run.yaml"
     assert config.read_text() == bundle.run_config_yaml
     assert stat.S_IMODE(config.stat().st_mode) == 0o600
@@ -122,22 +44,36 @@ def test_deploy_installs_the_wheel_config_and_units_and_the_job_runs(
         ["enable", "gemma4-train.service"],
         ["start", "--no-block", "gemma4-train.service"],
     ]
-    installed = _installed(worker)
-    assert installed["dist_infos"] == ["gemma4_tpu-0.1.0.dist-info"]
-    assert installed["wheels"] == [pathlib.Path(wheel.path).name]
-    assert installed["incoming"] == []
-    assert installed["state"]["fingerprint"] == bundle.fingerprint  # type: ignore[index]
+    assert hook.steps() == [
+        "check",
+        "directories",
+        "clean",
+        "space",
+        "upload",
+        "verify-upload",
+        "install",
+        "config",
+        "verify",
+        "switch",
+        "units",
+        "daemon-reload",
+        "enable",
+        "start",
+        "record",
+        "prune",
+    ]
     assert "== " in (worker.root / "var/log/gemma4-deploy.log").read_text()
-
-    # The deployed package reads the deployed config, started the way the unit starts it.
-    run_name, max_steps, module, has_train = _run_unit_job(worker, "gemma4-train.service").split()
-    assert (run_name, max_steps, has_train) == ("demo", "5", "True")
-    assert module.startswith(str(worker.root / "opt/gemma4/venv/lib"))  # not this checkout
+    # The release is complete, active, imports from its own venv (not the base venv, not this
+    # checkout) and reads its config the way the unit starts it.
+    assert_converged(worker, bundle)
+    release = worker.root / "opt/gemma4/releases" / bundle.release
+    assert stat.S_IMODE((release / "run.yaml").stat().st_mode) == 0o600
+    assert (release / "COMPLETE").read_text() == bundle.fingerprint + "\n"
 
     # Unchanged: one check per worker, nothing else (no upload, no systemctl).
     worker.clear_calls()
     again = Steps()
-    assert _deploy([worker], bundle, again) == [remote.HostResult(_host(worker), False)]
+    assert deploy([worker], bundle, again) == [remote.HostResult(host(worker), False)]
     assert again.steps() == ["check"]
     assert worker.systemctl_calls() == []
 
@@ -145,25 +81,32 @@ def test_deploy_installs_the_wheel_config_and_units_and_the_job_runs(
 def test_changed_config_stops_installs_and_starts_again(
     worker: Worker, wheel: component.Wheel
 ) -> None:
-    _deploy([worker], make_bundle(worker.root, wheel, make_run_config(merge=True)), Steps())
+    first = make_bundle(worker.root, wheel, make_run_config(merge=True))
+    deploy([worker], first, Steps())
     worker.clear_calls()
     without_merge = make_bundle(worker.root, wheel, make_run_config(merge=False, run_name="second"))
     hook = Steps()
-    _deploy([worker], without_merge, hook)
+    deploy([worker], without_merge, hook)
 
     assert hook.steps() == [
         "check",
         "directories",
+        "clean",
+        "space",
         "upload",
         "verify-upload",
-        "stop",
         "install",
         "config",
+        "verify",
+        # The old job ran until here: the new version was built and checked beside it.
+        "stop",
+        "switch",
         "units",
         "daemon-reload",
         "enable",
         "start",
         "record",
+        "prune",
     ]
     assert worker.systemctl_calls() == [
         ["stop", "gemma4-merge.service", "gemma4-train.service"],
@@ -174,7 +117,15 @@ def test_changed_config_stops_installs_and_starts_again(
     ]
     assert not (worker.root / "etc/systemd/system/gemma4-merge.service").exists()
     assert "run_name: second" in (worker.root / "etc/gemma4/run.yaml").read_text()
-    assert _installed(worker)["dist_infos"] == ["gemma4_tpu-0.1.0.dist-info"]
+    assert_converged(worker, without_merge, previous=first)
+
+    # Back to the first version: its release is still there, so nothing is uploaded or
+    # installed, and the second one stays as the previous.
+    hook = Steps()
+    deploy([worker], first, hook)
+    assert "upload" not in hook.steps() and "install" not in hook.steps()
+    assert "verify" in hook.steps()
+    assert_converged(worker, first, previous=without_merge)
 
 
 def test_ready_timeout_says_what_the_startup_log_shows(
@@ -185,9 +136,9 @@ def test_ready_timeout_says_what_the_startup_log_shows(
     log.parent.mkdir(parents=True)
     log.write_text("installing python3.11\nstaging weights from gs://b/models: 41%\n")
     with pytest.raises(remote.DeployError) as caught:
-        _deploy([worker], make_bundle(worker.root, wheel), Steps(), ready_timeout_s=0.5)
+        deploy([worker], make_bundle(worker.root, wheel), Steps(), ready_timeout_s=0.5)
     message = str(caught.value)
-    assert f"{_host(worker)}: step 'wait-ready' timed out; remote log: {log}" in message
+    assert f"{host(worker)}: step 'wait-ready' timed out; remote log: {log}" in message
     assert "not ready after 0.5 s" in message
     assert "ready marker" in message and str(worker.root / "var/lib/gemma4/ready") in message
     assert "staging weights from gs://b/models: 41%" in message
@@ -201,7 +152,7 @@ def test_unreachable_worker_times_out_naming_the_ssh_problem(
     worker.stop()
     started = time.monotonic()
     with pytest.raises(remote.DeployError, match="SSH not reachable"):
-        _deploy([worker], make_bundle(worker.root, wheel), Steps(), ready_timeout_s=1)
+        deploy([worker], make_bundle(worker.root, wheel), Steps(), ready_timeout_s=1)
     assert time.monotonic() - started < 10
 
 
@@ -210,10 +161,10 @@ def test_failing_step_names_host_step_exit_code_and_log(
 ) -> None:
     (worker.root / "systemctl.exit").write_text("3\n")
     with pytest.raises(remote.DeployError) as caught:
-        _deploy([worker], make_bundle(worker.root, wheel), Steps())
+        deploy([worker], make_bundle(worker.root, wheel), Steps())
     error = caught.value.errors[0]
     assert isinstance(error, remote.RemoteError)
-    assert (error.host, error.step, error.exit_code) == (_host(worker), "daemon-reload", 3)
+    assert (error.host, error.step, error.exit_code) == (host(worker), "daemon-reload", 3)
     assert error.log_path == str(worker.root / "var/log/gemma4-deploy.log")
     assert f"step 'daemon-reload' failed (exit code 3); remote log: {error.log_path}" in str(
         caught.value
@@ -229,40 +180,44 @@ def test_two_workers_deploy_in_parallel_and_a_dead_sshd_fails_only_its_worker(
     for w in workers:
         w.make_venv()
         w.mark_ready()
-    h0, h1 = (_host(w) for w in workers)
+    h0, h1 = (host(w) for w in workers)
     # One bundle for the slice (its units name w0's root; only the shim reads them on w1).
     bundle = make_bundle(workers[0].root, wheel)
     hook = Steps()
-    assert [r.changed for r in _deploy(workers, bundle, hook)] == [True, True]
+    assert [r.changed for r in deploy(workers, bundle, hook)] == [True, True]
     installs = {h: t for h, s, t in hook.calls if s == "install"}
     records = {h: t for h, s, t in hook.calls if s == "record"}
     assert installs[h0] < records[h1] and installs[h1] < records[h0]  # both installing at once
 
-    # Fault: w1's sshd (and its sessions) die when w1's install begins; w0 completes.
+    # Fault: w1's sshd (and its sessions) die when w1's switch begins, after every worker built
+    # the new release; w0 completes.
     bundle = make_bundle(workers[0].root, wheel, make_run_config(run_name="faulty"))
     hook = Steps()
-    hook.actions[(h1, "install")] = workers[1].stop
+    hook.actions[(h1, "switch")] = workers[1].stop
     with pytest.raises(remote.DeployError) as caught:
-        _deploy(workers, bundle, hook)
+        deploy(workers, bundle, hook)
     assert len(caught.value.errors) == 1
     error = caught.value.errors[0]
     assert isinstance(error, remote.RemoteError)
-    assert (error.host, error.step, error.exit_code) == (h1, "install", None)
-    assert f"{h1}: step 'install' failed (connection failed)" in str(caught.value)
-    assert _installed(workers[0])["state"]["fingerprint"] == bundle.fingerprint  # type: ignore[index]
-    assert _installed(workers[1])["state"]["fingerprint"] != bundle.fingerprint  # type: ignore[index]
+    assert (error.host, error.step, error.exit_code) == (h1, "switch", None)
+    assert f"{h1}: step 'switch' failed (connection failed)" in str(caught.value)
+    assert installed(workers[0])["state"]["fingerprint"] == bundle.fingerprint
+    assert installed(workers[1])["state"]["fingerprint"] != bundle.fingerprint
 
-    # sshd back: the next deploy finishes w1 only and leaves exactly one installed version.
+    # sshd back: the next deploy finishes w1 only, reusing the release it built.
     workers[1].start()
     hook = Steps()
-    assert [r.changed for r in _deploy(workers, bundle, hook)] == [False, True]
+    assert [r.changed for r in deploy(workers, bundle, hook)] == [False, True]
     assert hook.steps(h0) == ["check"]
+    assert "install" not in hook.steps(h1)
     for w in workers:
-        installed = _installed(w)
-        assert installed["dist_infos"] == ["gemma4_tpu-0.1.0.dist-info"]
-        assert installed["wheels"] == [pathlib.Path(wheel.path).name]
-        assert installed["incoming"] == []
-        assert installed["state"]["fingerprint"] == bundle.fingerprint  # type: ignore[index]
+        found = installed(w)
+        assert found["active"] == f"releases/{bundle.release}"
+        assert found["dist_infos"] == ["gemma4_tpu-0.1.0.dist-info"]
+        assert found["wheels"] == [pathlib.Path(wheel.path).name]
+        assert found["incoming"] == []
+        assert found["state"]["fingerprint"] == bundle.fingerprint
+        assert len(found["releases"]) == 2  # this one and the previous
         assert "run_name: faulty" in (w.root / "etc/gemma4/run.yaml").read_text()
 
 
@@ -286,7 +241,7 @@ def test_file_contents_never_travel_on_a_command_line(
         return original(self, command, **kwargs)
 
     monkeypatch.setattr(fabric.Connection, "run", recording_run)
-    _deploy([worker], bundle, Steps())
+    deploy([worker], bundle, Steps())
     assert len(commands) > 5
     assert not [c for c in commands if sentinel in c]
     assert sentinel in (worker.root / "etc/gemma4/run.yaml").read_text()

@@ -31,9 +31,10 @@ def test_train_unit_runs_the_training_command_with_restart_and_environment() -> 
     assert plan.enable == plan.start == ["gemma4-train.service"]
     unit = _parse(plan.units["gemma4-train.service"])
     service = unit["Service"]
-    assert (
-        service["ExecStart"]
-        == "/opt/gemma4/venv/bin/python -m workloads train --config /etc/gemma4/run.yaml"
+    # Only the active release, through `current`: a unit never starts a half-installed version.
+    assert service["ExecStart"] == (
+        "/opt/gemma4/current/venv/bin/python -m workloads train "
+        "--config /opt/gemma4/current/run.yaml"
     )
     assert service["Restart"] == "on-failure"
     assert service["RestartPreventExitStatus"] == "2"  # a bad run config is not retried forever
@@ -46,7 +47,7 @@ def test_train_unit_runs_the_training_command_with_restart_and_environment() -> 
     merge = _parse(plan.units["gemma4-merge.service"])
     assert merge["Service"]["Type"] == "oneshot"
     assert merge["Service"]["ExecStart"].endswith(
-        "-m workloads merge --config /etc/gemma4/run.yaml"
+        "-m workloads merge --config /opt/gemma4/current/run.yaml"
     )
     assert "Install" not in merge  # started by train's OnSuccess=, never on its own
 
@@ -78,7 +79,7 @@ def test_release_runs_after_the_last_unit_of_the_run_on_worker_zero(merge) -> No
         )
     release = _parse(plan.units["gemma4-release.service"])
     assert release["Service"]["ExecStart"].endswith(
-        "-m workloads release --config /etc/gemma4/run.yaml"
+        "-m workloads release --config /opt/gemma4/current/run.yaml"
     )
     assert release["Service"]["RestartPreventExitStatus"] == "2"  # an unfinished run: no retry
     # Worker 0 only, by the same condition as the merge (tested above).
@@ -143,7 +144,7 @@ def test_paths_with_spaces_and_specifiers_are_quoted_for_systemd() -> None:
     assert component.systemd_quote("/my dir/50%/$HOME") == '"/my dir/50%%/$$HOME"'
     plan = component.plan_units("train", make_run_config(), remote.RemoteLayout("/tmp/a b"))
     exec_start = _parse(plan.units["gemma4-train.service"])["Service"]["ExecStart"]
-    assert exec_start.startswith('"/tmp/a b/opt/gemma4/venv/bin/python" -m workloads train')
+    assert exec_start.startswith('"/tmp/a b/opt/gemma4/current/venv/bin/python" -m workloads train')
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
@@ -154,7 +155,7 @@ def test_every_unit_passes_systemd_analyze_verify(
     # The units are rendered with a temp root so the interpreter they name exists here; the text
     # is otherwise exactly the production one (checked below).
     root = tmp_path / "root"
-    python = root / "opt/gemma4/venv/bin/python"
+    python = root / "opt/gemma4/current/venv/bin/python"
     python.parent.mkdir(parents=True)
     python.symlink_to(sys.executable)
     (root / "var/lib/gemma4").mkdir(parents=True)
