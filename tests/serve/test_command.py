@@ -206,6 +206,44 @@ def test_dry_run_prints_the_plan_and_touches_nothing(
     assert fake_docker.calls() == [] and not (tmp_path / "staged").exists()
 
 
+def test_dry_run_of_the_process_launcher_shows_the_local_engine_and_its_stop(
+    tmp_path, free_port, capsys
+):
+    config = _config(
+        tmp_path,
+        free_port,
+        model_dir=str(tmp_path / "merged"),
+        launcher="process",
+        engine_python="/opt/serve/bin/python",
+    )
+    assert cli.main(["serve", "--config", config, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"run: /opt/serve/bin/python -m vllm.entrypoints.openai.api_server --model "
+        f"{tmp_path / 'merged'} --served-model-name"
+    ) in out
+    assert "docker" not in out
+    assert "stop: SIGTERM to the server's process group, SIGKILL after 5 s" in out
+
+
+def test_the_process_launcher_without_an_engine_is_one_line(tmp_path, free_port, capsys):
+    from tests.serve.conftest import write_merged_model
+
+    write_merged_model(str(tmp_path / "merged"))
+    config = _config(
+        tmp_path,
+        free_port,
+        model_dir=str(tmp_path / "merged"),
+        launcher="process",
+        engine_python=str(tmp_path / "no-venv" / "bin" / "python"),
+        model_wait_timeout_s=0,
+    )
+    assert cli.main(["serve", "--config", config]) == 1
+    [line] = [e for e in capsys.readouterr().err.splitlines() if e.startswith("error:")]
+    assert line.startswith(f"error: {tmp_path / 'no-venv' / 'bin' / 'python'}: no serving engine")
+    assert "`bash .ci/setup`" in line
+
+
 def test_a_config_without_serve_section_is_one_line(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text(

@@ -241,7 +241,7 @@ class HashingWriter:
         while (item := self._todo.get()) is not None:
             try:
                 if self._error is None:
-                    view = memoryview(item)  # type: ignore[arg-type]  # numpy arrays are buffers
+                    view = memoryview(item)
                     self._hash.update(view)
                     while view:
                         written = self._handle.write(view)

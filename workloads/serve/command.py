@@ -464,7 +464,12 @@ def describe(serve: runconfig.ServeSection, *, docker: str = "docker") -> str:
         f"ready when: {argv_lib.local_url(serve)}/health is 200 and /v1/models lists "
         f"{serve.served_model_name!r} (timeout {serve.ready_timeout_s} s)"
     )
-    lines.append("stop: " + shlex.join(argv_lib.stop_argv(serve, docker=docker)))
+    if serve.launcher == "process":
+        lines.append(
+            f"stop: SIGTERM to the server's process group, SIGKILL after {serve.stop_timeout_s} s"
+        )
+    else:
+        lines.append("stop: " + shlex.join(argv_lib.stop_argv(serve, docker=docker)))
     return "\n".join(lines)
 
 
