@@ -301,3 +301,45 @@ def test_a_stop_signal_in_the_middle_of_a_wait_ends_the_wait(monkeypatch):
         os.kill(os.getpid(), signal.SIGTERM)  # a real one, delivered to this process
         assert stop.wait(5) is True and stop.is_set()
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_the_local_server_and_its_children_stop_with_it(tmp_path):
+    """The process launcher's stop reaches the whole process group (vLLM's API server runs its
+    engine core as a child): SIGTERM, then SIGKILL after stop_timeout_s for one that ignores it."""
+    import io
+
+    pid_file = tmp_path / "child.pid"
+    script = (
+        "import signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "child = subprocess.Popen([sys.executable, '-c', "
+        "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "print('up', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    serve = runconfig.ServeSection(model_dir=str(tmp_path), launcher="process", stop_timeout_s=1)
+    server = command.LocalProcess(
+        serve, [sys.executable, "-c", script], {"MARK": "1"}, echo=io.StringIO()
+    )
+    server.start()
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert server.alive() and time.monotonic() < deadline
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    assert server.stop() == -signal.SIGKILL  # it ignored SIGTERM
+    assert not server.alive()
+    deadline = time.monotonic() + 10
+    while _alive(child):
+        assert time.monotonic() < deadline, "the engine child outlived the server"
+        time.sleep(0.05)
+    assert "up" in server.tail()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
