@@ -282,9 +282,6 @@ class ServingSection(SliceSection, settings.ServeSettings):
     min_concurrent_sequences: int = _field(
         1, ge=1, description="Full-length sequences the KV cache must hold (HBM check)."
     )
-    hbm_utilization: float = _field(
-        0.9, gt=0, le=1, description="Fraction of HBM vLLM may use (--gpu-memory-utilization)."
-    )
     api_source_ranges: tuple[str, ...] = _field(
         (), description="CIDR ranges allowed to reach the API port; empty = SSH tunnel only."
     )

@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable
 
 from infra import config as config_mod
-from workloads import catalog
+from workloads import catalog, settings
 
 StackConfig = config_mod.StackConfig
 GB = catalog.GB
@@ -76,25 +76,30 @@ def training_hbm_bytes(cfg: StackConfig) -> int:
     )
 
 
-def serving_kv_bytes_per_token_per_chip(model: catalog.ModelSpec, tp: int) -> int:
+def serving_kv_bytes_per_token_per_chip(
+    model: catalog.ModelSpec, tp: int, dtype_bytes: int = 2
+) -> int:
     """KV cache bytes one token needs on one chip: each chip holds ceil(kv_heads / tp) heads
-    (vLLM replicates KV heads when tp exceeds them); K and V both stored, bf16."""
+    (vLLM replicates KV heads when tp exceeds them); K and V both stored, `dtype_bytes` per value
+    (2 for bf16, 1 for an fp8 KV cache)."""
     local = model.local_layers * 2 * math.ceil(model.num_kv_heads / tp) * model.head_dim
     glob = (
         model.global_layers * 2 * math.ceil(model.num_global_kv_heads / tp) * model.global_head_dim
     )
-    return (local + glob) * 2
+    return (local + glob) * dtype_bytes
 
 
 def serving_hbm_bytes(cfg: StackConfig) -> int:
     """Estimated HBM per chip for vLLM: weights / tp + KV cache for minConcurrentSequences
-    sequences of maxModelLen tokens + 2 GiB of activations."""
+    sequences of maxModelLen tokens (at the KV cache dtype's bytes) + 2 GiB of activations."""
     model = cfg.model_spec
     tp = max(1, cfg.serving.tensor_parallel_size)
     if model is None:
         return 0
     kv = (
-        serving_kv_bytes_per_token_per_chip(model, tp)
+        serving_kv_bytes_per_token_per_chip(
+            model, tp, settings.KV_CACHE_DTYPE_BYTES[cfg.serving.kv_cache_dtype]
+        )
         * cfg.serving.max_model_len
         * cfg.serving.min_concurrent_sequences
     )

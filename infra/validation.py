@@ -672,6 +672,22 @@ def rule_recovery(cfg: StackConfig) -> list[str]:
     return problems
 
 
+# ---------------------------------------------------------------------------------------------
+# The serving engine's batching knobs (each knob's own range is checked by its field)
+
+
+def rule_serving_batching(cfg: StackConfig) -> list[str]:
+    """The engine may run as many sequences at once as the HBM check sized the KV cache for."""
+    serving = cfg.serving
+    if not serving.enabled or serving.min_concurrent_sequences <= serving.max_num_seqs:
+        return []
+    return [
+        f"serving.minConcurrentSequences: {serving.min_concurrent_sequences}: above "
+        f"serving.maxNumSeqs {serving.max_num_seqs}, the most sequences vLLM runs at once; raise "
+        "maxNumSeqs or lower minConcurrentSequences"
+    ]
+
+
 RULES: tuple[Rule, ...] = (
     rule_names,
     rule_references,
@@ -690,6 +706,7 @@ RULES: tuple[Rule, ...] = (
     rule_memory,
     rule_network,
     rule_recovery,
+    rule_serving_batching,
 )
 
 

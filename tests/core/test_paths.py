@@ -104,6 +104,7 @@ def _config(**paths: str) -> dict:
             "model_dir": "org/name",
             "local_dir": "~/merged",
             "compile_cache_dir": "xla",
+            "engine_python": ".venv-serve/bin/python",
         },
         "bench": {"results_dir": "bench", "scratch_dir": "/dev/shm/gemma4-bench"},
         "eval": {"problems_dir": "problems", "results_dir": "eval"},
@@ -134,6 +135,7 @@ def test_load_resolves_relative_paths_against_the_working_directory(tmp_path, mo
         "/home/someone/merged",
         f"{cwd}/xla",
     )
+    assert cfg.serve.engine_python == f"{cwd}/.venv-serve/bin/python"
     assert cfg.bench is not None
     assert (cfg.bench.results_dir, cfg.bench.scratch_dir) == (
         f"{cwd}/bench",
@@ -170,6 +172,7 @@ def test_every_config_path_field_is_covered_by_the_load_test():
         "merge.out",
         "serve.local_dir",
         "serve.compile_cache_dir",
+        "serve.engine_python",
         "bench.results_dir",
         "bench.scratch_dir",
         "eval.problems_dir",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import pathlib
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -12,15 +11,14 @@ from typing import Any
 import pytest
 
 from tests.fixtures.tokenizer import tiny_tokenizer, tiny_tokenizer_dir
+from workloads.evaluation import problems
 
 __all__ = ["tiny_tokenizer", "tiny_tokenizer_dir"]
-
-DATA = pathlib.Path(__file__).parent / "data"
 
 
 @pytest.fixture
 def problems_dir() -> str:
-    return str(DATA / "dataset_spec-to-rtl")
+    return str(problems.SAMPLE_DIR)
 
 
 class FakeOpenAI:

@@ -37,7 +37,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def majority(request):
-    directory = pathlib.Path(__file__).parent / "data" / "dataset_spec-to-rtl"
+    directory = problems.SAMPLE_DIR
     [problem] = problems.load(str(directory), only="majority")
     return problem, judge.reference_run(problem, limits=judge.Limits(timeout_s=10)).samples
 

@@ -28,7 +28,7 @@ HELPFUL_ANSWER = (
 
 @pytest.fixture(scope="module")
 def loaded():
-    directory = pathlib.Path(__file__).parent / "data" / "dataset_spec-to-rtl"
+    directory = problems.SAMPLE_DIR
     return {p.name.split("_", 1)[1]: p for p in problems.load(str(directory))}
 
 

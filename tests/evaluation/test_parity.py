@@ -14,7 +14,6 @@ commands on the official code with real iverilog (tests/evaluation/official_flow
 """
 
 import dataclasses
-import pathlib
 import shutil
 import time
 
@@ -189,7 +188,7 @@ PARITY: dict[str, Row] = {
 
 @pytest.fixture(scope="module")
 def majority():
-    directory = pathlib.Path(__file__).parent / "data" / "dataset_spec-to-rtl"
+    directory = problems.SAMPLE_DIR
     [problem] = problems.load(str(directory), only="majority")
     return problem
 

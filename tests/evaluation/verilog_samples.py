@@ -1,4 +1,4 @@
-"""Verilog answers for the test problems in data/dataset_spec-to-rtl: correct, wrong, hostile."""
+"""Verilog answers for the shipped test problems (workloads/assets): correct, wrong, hostile."""
 
 MAJORITY_OK = """\
 module TopModule (input a, input b, input c, output y);

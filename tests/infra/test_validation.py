@@ -734,3 +734,52 @@ def test_estimates_for_the_papers_setup():
     # LoRA parameters of the paper's targets at rank 64: ~0.46 B.
     count = sizing.lora_param_count(model, 64, config.LoraSection().targets)
     assert 0.4e9 < count < 0.5e9
+
+
+# ---------------------------------------------------------------------------------------------
+# The serving engine's knobs: one line each at preview, naming the key, the value, what is allowed
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        (
+            {"kvCacheDtype": "fp16"},
+            "serving.kvCacheDtype: 'fp16': Input should be 'auto', 'bfloat16', 'fp8'",
+        ),
+        ({"maxNumSeqs": 0}, "serving.maxNumSeqs: 0: Input should be greater than or equal to 1"),
+        (
+            {"maxNumSeqs": 512, "maxNumBatchedTokens": 256},
+            "serving.maxNumBatchedTokens: 256: below max_num_seqs 512",
+        ),
+        ({"hbmUtilization": 1.5}, "serving.hbmUtilization: 1.5: Input should be less than or"),
+        (
+            {"minConcurrentSequences": 300, "maxNumSeqs": 256},
+            "serving.minConcurrentSequences: 300: above serving.maxNumSeqs 256",
+        ),
+    ],
+)
+def test_serving_knobs_are_checked_at_preview(override, expected):
+    with pytest.raises(config.ConfigError) as info:
+        stack_config.parse_stack_config(
+            _merge(PROD, {"serving": {"enabled": True, **override}}), has_hf_token=True
+        )
+    matching = [p for p in info.value.problems if p.startswith(expected)]
+    assert len(matching) == 1, f"expected one line starting {expected!r}, got {info.value.problems}"
+    assert all("\n" not in problem for problem in info.value.problems)
+
+
+def test_an_fp8_kv_cache_halves_the_kv_part_of_the_hbm_estimate():
+    bf16 = stack_config.parse_stack_config(_merge(PROD, {"serving": {"minConcurrentSequences": 4}}))
+    fp8 = stack_config.parse_stack_config(
+        _merge(PROD, {"serving": {"minConcurrentSequences": 4, "kvCacheDtype": "fp8"}})
+    )
+    weights_and_reserve = (
+        sizing.serving_hbm_bytes(bf16)
+        - sizing.serving_kv_bytes_per_token_per_chip(catalog.MODELS["gemma-4-31b"], 8)
+        * bf16.serving.max_model_len
+        * 4
+    )
+    kv_bf16 = sizing.serving_hbm_bytes(bf16) - weights_and_reserve
+    assert sizing.serving_hbm_bytes(fp8) - weights_and_reserve == kv_bf16 // 2
+    assert fp8.serving.kv_cache_dtype == "fp8"

@@ -18,7 +18,7 @@ import pytest
 RANK = 4
 ALPHA = 8.0
 STEPS = (3, 7)  # two checkpoints with different adapters; the latest is 7
-SHARD_SIZE = 300_000  # the tiny model is ~1.4 MB: several shards (embedding 262 kB fits in one)
+SHARD_SIZE = 450_000  # the tiny model is ~3.6 MB: several shards (embedding 393 kB fits in one)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +49,7 @@ def jax_logits(model_dir, tokens):
     from workloads.merge import verify
 
     mesh = single_device_mesh()
-    return verify._forward(model.load_model(model_dir, mesh=mesh, dtype="float32"), tokens, mesh)
+    return verify.forward(model.load_model(model_dir, mesh=mesh, dtype="float32"), tokens, mesh)
 
 
 @pytest.fixture(scope="session")
@@ -72,7 +72,7 @@ def lora_run(tiny_model_dir, tmp_path_factory) -> LoraRun:
     tokens = np.random.default_rng(0).integers(
         0, base_model.config.num_embed, (2, 39), dtype=np.int32
     )
-    base_logits = verify._forward(base_model, tokens, mesh)
+    base_logits = verify.forward(base_model, tokens, mesh)
     settings = runconfig.LoraSection(rank=RANK, alpha=ALPHA, dropout=0.0, targets=targets)
     lora_model = lora.apply_lora(base_model, settings, mesh=mesh, seed=0)
 
@@ -102,7 +102,7 @@ def lora_run(tiny_model_dir, tmp_path_factory) -> LoraRun:
                 var.set_value(jax.device_put(noise, value.sharding))
         nnx.update(lora_model, state)
         manager.save(step, lora_model, save_only_lora_params=True, force=True)
-        lora_logits[step] = verify._forward(lora_model, tokens, mesh)
+        lora_logits[step] = verify.forward(lora_model, tokens, mesh)
     manager.close()
     return LoraRun(base, root / "run", checkpoints, targets, tokens, base_logits, lora_logits)
 

@@ -103,9 +103,12 @@ def swapped_kv(a, b):
 
 
 def k_without_transpose(a, b):
-    # (A @ B_k) is (D, K*H); on the tiny model's sliding layers K*H == D, so the shape still fits
+    # The K delta laid out (D, K*H) and reshaped, not transposed, into k_proj's (K*H, D): the
+    # shape fits, only the logits can tell.
     k, v = mapping._kv(a, b)
-    return [(k[0], a, b[:, 0].reshape(b.shape[0], -1)), v]
+    name, left, right = k
+    full = (left @ right).T.reshape(left.shape[0], right.shape[1])
+    return [(name, full, np.eye(full.shape[1], dtype=np.float32)), v]
 
 
 def o_reshaped_not_transposed(a, b):
@@ -141,8 +144,8 @@ def test_negative_control_a_missing_mlp_transpose_is_a_shape_error(lora_run, tmp
     rules = {**mapping.RULES, "gate_proj": lambda a, b: [("mlp.gate_proj.weight", a, b)]}
     with pytest.raises(
         errors.UserError,
-        match=r"layers\.0\.mlp\.gate_proj\.weight: base tensor has shape \[128, 64\] "
-        r"but the LoRA delta from layers\.0\.gate_proj has shape \[64, 128\]",
+        match=r"layers\.0\.mlp\.gate_proj\.weight: base tensor has shape \[192, 96\] "
+        r"but the LoRA delta from layers\.0\.gate_proj has shape \[96, 192\]",
     ):
         merge.merge_lora(
             str(lora_run.base),
@@ -268,7 +271,7 @@ def test_bad_inputs_are_one_line_errors(lora_run, tmp_path, capsys):
         ),
         (
             ["--base", base, "--checkpoint", str(bad_meta)],
-            "layers.0.attn_vec_einsum: LoRA factors A (8, 16, 4) / B (4, 64) "
+            "layers.0.attn_vec_einsum: LoRA factors A (8, 32, 4) / B (4, 96) "
             "have rank 4/4 but lora_meta.json says rank 8",
         ),
         (
@@ -298,11 +301,11 @@ def test_bad_inputs_are_one_line_errors(lora_run, tmp_path, capsys):
 def test_shape_mismatch_in_the_base_is_named(lora_run, tmp_path):
     q0 = "model.language_model.layers.0.self_attn.q_proj.weight"
     odd = tmp_path / "odd"
-    write_copy(lora_run.base, odd, lambda t: {**t, q0: np.zeros((64, 128), np.float32)})
+    write_copy(lora_run.base, odd, lambda t: {**t, q0: np.zeros((96, 256), np.float32)})
     with pytest.raises(
         errors.UserError,
-        match=rf"{q0}: base tensor has shape \[64, 128\] but the LoRA delta from "
-        r"layers\.0\.q_einsum has shape \[128, 64\]",
+        match=rf"{q0}: base tensor has shape \[96, 256\] but the LoRA delta from "
+        r"layers\.0\.q_einsum has shape \[256, 96\]",
     ):
         merge.merge_lora(str(odd), str(lora_run.run), str(tmp_path / "out"), progress=False)
 

@@ -48,6 +48,14 @@ def test_staged_model_is_served_offline_from_shm_with_the_papers_flags():
         "8",
         "--max-model-len",
         "16384",
+        "--max-num-seqs",
+        "256",
+        "--max-num-batched-tokens",
+        "4096",
+        "--gpu-memory-utilization",
+        "0.9",
+        "--kv-cache-dtype",
+        "auto",
         "--disable_chunked_mm_input",
         "--host",
         "0.0.0.0",
@@ -64,7 +72,7 @@ def test_hub_model_gets_the_token_by_name_only_and_no_offline_mode(monkeypatch):
         tensor_parallel_size=4,
         max_model_len=8192,
         image="vllm/vllm-tpu@sha256:" + "abc123" * 10 + "abcd",
-        extra_args=("--max-num-seqs", "128"),
+        extra_args=("--block-size", "256"),
     )
     source = argv.model_source(serve)
     assert source.from_hub and source.serve_path == "google/gemma-4-31B-it"
@@ -101,13 +109,21 @@ def test_hub_model_gets_the_token_by_name_only_and_no_offline_mode(monkeypatch):
         "4",
         "--max-model-len",
         "8192",
+        "--max-num-seqs",
+        "256",
+        "--max-num-batched-tokens",
+        "4096",
+        "--gpu-memory-utilization",
+        "0.9",
+        "--kv-cache-dtype",
+        "auto",
         "--disable_chunked_mm_input",
         "--host",
         "0.0.0.0",
         "--port",
         "8100",
-        "--max-num-seqs",
-        "128",
+        "--block-size",
+        "256",
     ]
     assert not any("hf_secret_value_123" in a for a in got)
     assert "HF_HUB_OFFLINE=1" not in got
@@ -287,3 +303,56 @@ def test_a_release_without_gemma4_is_rejected_by_the_run_config(image):
 def test_images_that_may_serve_gemma4_pass_the_run_config(image):
     serve = runconfig.parse(_run_config_with_image(image)).serve
     assert serve is not None and serve.image == image
+
+
+def test_one_argument_list_two_launchers():
+    """The TPU container and the local process get the same vLLM flags; only the program in
+    front differs (and the local server gets the CPU KV cache size and offline mode by env)."""
+    serve = _serve(
+        model_dir="/data/merged",
+        launcher="process",
+        engine_python="/repo/.venv-serve/bin/python",
+        kv_cache_dtype="fp8",
+        max_num_seqs=16,
+        max_num_batched_tokens=1024,
+        hbm_utilization=0.25,
+        cpu_kv_cache_gib=1.5,
+        extra_args=("--dtype", "float32"),
+    )
+    source = argv.model_source(serve)
+    in_container = argv.serve_argv(serve, source)
+    local = argv.process_serve_argv(serve, source)
+    assert local[:5] == [
+        "/repo/.venv-serve/bin/python",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "/data/merged",
+    ]
+    flags = argv.engine_args(serve)
+    assert local[5:] == flags == in_container[in_container.index("/data/merged", 20) + 1 :]
+    assert flags[flags.index("--kv-cache-dtype") + 1] == "fp8"
+    assert flags[flags.index("--max-num-seqs") + 1] == "16"
+    assert flags[flags.index("--max-num-batched-tokens") + 1] == "1024"
+    assert flags[flags.index("--gpu-memory-utilization") + 1] == "0.25"
+    assert flags[-2:] == ["--dtype", "float32"]
+    assert argv.process_env(serve, source) == {
+        "VLLM_CPU_KVCACHE_SPACE": "1.5",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    kwargs = {
+        "input_len": 128,
+        "output_len": 32,
+        "request_rate": 4.0,
+        "result_dir": "/w/raw",
+        "result_filename": "128x32_r4.json",
+    }
+    bench = runconfig.BenchSection(results_dir="/w/bench", num_prompts=8)
+    local_bench = argv.bench_argv(serve, bench, source, **kwargs)
+    docker_bench = argv.bench_argv(
+        serve.model_copy(update={"launcher": "docker"}), bench, source, **kwargs
+    )
+    assert local_bench[:3] == ["/repo/.venv-serve/bin/python", "-c", argv.BENCH_SERVE_SHIM]
+    assert docker_bench[:6] == ["docker", "exec", "gemma4-vllm", "vllm", "bench", "serve"]
+    assert local_bench[3:] == docker_bench[6:] == argv.bench_args(serve, bench, source, **kwargs)

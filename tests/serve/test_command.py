@@ -206,6 +206,44 @@ def test_dry_run_prints_the_plan_and_touches_nothing(
     assert fake_docker.calls() == [] and not (tmp_path / "staged").exists()
 
 
+def test_dry_run_of_the_process_launcher_shows_the_local_engine_and_its_stop(
+    tmp_path, free_port, capsys
+):
+    config = _config(
+        tmp_path,
+        free_port,
+        model_dir=str(tmp_path / "merged"),
+        launcher="process",
+        engine_python="/opt/serve/bin/python",
+    )
+    assert cli.main(["serve", "--config", config, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"run: /opt/serve/bin/python -m vllm.entrypoints.openai.api_server --model "
+        f"{tmp_path / 'merged'} --served-model-name"
+    ) in out
+    assert "docker" not in out
+    assert "stop: SIGTERM to the server's process group, SIGKILL after 5 s" in out
+
+
+def test_the_process_launcher_without_an_engine_is_one_line(tmp_path, free_port, capsys):
+    from tests.serve.conftest import write_merged_model
+
+    write_merged_model(str(tmp_path / "merged"))
+    config = _config(
+        tmp_path,
+        free_port,
+        model_dir=str(tmp_path / "merged"),
+        launcher="process",
+        engine_python=str(tmp_path / "no-venv" / "bin" / "python"),
+        model_wait_timeout_s=0,
+    )
+    assert cli.main(["serve", "--config", config]) == 1
+    [line] = [e for e in capsys.readouterr().err.splitlines() if e.startswith("error:")]
+    assert line.startswith(f"error: {tmp_path / 'no-venv' / 'bin' / 'python'}: no serving engine")
+    assert "`bash .ci/setup`" in line
+
+
 def test_a_config_without_serve_section_is_one_line(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text(
@@ -263,3 +301,45 @@ def test_a_stop_signal_in_the_middle_of_a_wait_ends_the_wait(monkeypatch):
         os.kill(os.getpid(), signal.SIGTERM)  # a real one, delivered to this process
         assert stop.wait(5) is True and stop.is_set()
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_the_local_server_and_its_children_stop_with_it(tmp_path):
+    """The process launcher's stop reaches the whole process group (vLLM's API server runs its
+    engine core as a child): SIGTERM, then SIGKILL after stop_timeout_s for one that ignores it."""
+    import io
+
+    pid_file = tmp_path / "child.pid"
+    script = (
+        "import signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "child = subprocess.Popen([sys.executable, '-c', "
+        "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "print('up', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    serve = runconfig.ServeSection(model_dir=str(tmp_path), launcher="process", stop_timeout_s=1)
+    server = command.LocalProcess(
+        serve, [sys.executable, "-c", script], {"MARK": "1"}, echo=io.StringIO()
+    )
+    server.start()
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert server.alive() and time.monotonic() < deadline
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    assert server.stop() == -signal.SIGKILL  # it ignored SIGTERM
+    assert not server.alive()
+    deadline = time.monotonic() + 10
+    while _alive(child):
+        assert time.monotonic() < deadline, "the engine child outlived the server"
+        time.sleep(0.05)
+    assert "up" in server.tail()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False

@@ -23,7 +23,8 @@ def test_demo_with_the_default_workdir_prints_the_summary_and_the_merge_figure(
     workdir = pathlib.Path(os.getcwd()) / "runs" / "demo"
     # With the two CPU devices the tests' conftest fakes through XLA_FLAGS: the demo's mesh must
     # use every visible device (a user's plain run sees one).
-    code = cli.main(["demo", "--steps", "4", "--rows", "48"])
+    # Training and the merge only (the served chain has its own test and runs in CI's demo).
+    code = cli.main(["demo", "--steps", "4", "--rows", "48", "--no-serve"])
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
     assert "demo summary" in out and re.search(r"loss: first [\d.]+ -> last [\d.]+", out)
@@ -36,6 +37,7 @@ def test_demo_with_the_default_workdir_prints_the_summary_and_the_merge_figure(
     assert (workdir / "merged" / "model.safetensors.index.json").is_file()
     # The run config it wrote reproduces the training from any directory: absolute paths.
     assert f"output_dir: {workdir / 'run'}\n" in (workdir / "run.yaml").read_text()
+    assert "serving: skipped (--no-serve)" in out
 
     # The same command again is refused in one line, and the demo is left as it was.
     assert cli.main(["demo", "--steps", "4", "--rows", "48"]) == 2
@@ -60,3 +62,18 @@ def test_a_second_demo_is_refused_in_one_line_naming_the_absolute_workdir(
     )
     assert (workdir / "run.yaml").read_text() == "run_name: demo\n"
     assert (workdir / "notes.txt").read_text() == "mine"
+
+
+def test_without_the_serving_venv_the_demo_refuses_before_training_in_one_line(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    missing = tmp_path / "nowhere" / "bin" / "python"
+    monkeypatch.setenv("GEMMA4_ENGINE_PYTHON", str(missing))
+
+    assert cli.main(["demo"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith(f"error: {missing}: no serving engine")
+    assert "`bash .ci/setup`" in err and "--no-serve" in err
+    assert not (tmp_path / "runs").exists()  # nothing written, nothing trained

@@ -38,9 +38,10 @@ def test_cli_seed_and_layers_write_the_real_layout(tmp_path, capsys):
     assert "model.language_model.layers.11.self_attn.k_proj.weight" in tensors
     assert "model.language_model.layers.11.self_attn.v_proj.weight" not in tensors  # k_eq_v
     assert "model.language_model.layers.12.self_attn.q_proj.weight" not in tensors
-    # GQA: 8 query heads, 4 KV heads (sliding), 2 global KV heads of twice the size.
-    assert tensors["model.language_model.layers.0.self_attn.k_proj.weight"].shape == (4 * 16, 64)
-    assert tensors["model.language_model.layers.5.self_attn.k_proj.weight"].shape == (2 * 32, 64)
+    # GQA: 8 query heads, 4 KV heads (sliding), 2 global KV heads of twice the size; head sizes
+    # 32 and 64, the smallest vLLM's CPU attention takes.
+    assert tensors["model.language_model.layers.0.self_attn.k_proj.weight"].shape == (4 * 32, 96)
+    assert tensors["model.language_model.layers.5.self_attn.k_proj.weight"].shape == (2 * 64, 96)
 
     tok = AutoTokenizer.from_pretrained(str(out))
     for token in SPECIALS:

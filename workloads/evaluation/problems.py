@@ -18,6 +18,15 @@ from workloads import errors, storage
 
 _PROMPT_RE = re.compile(r"^(Prob(\d+)_\w+)_prompt\.txt$")
 
+# Three problems in this layout shipped with the package (written for this project: a majority
+# gate, a counter, a delay line), for the demo's evaluation and the tests.
+SAMPLE_DIR = (
+    pathlib.Path(__file__).resolve().parents[1]
+    / "assets"
+    / "verilog-eval-sample"
+    / ("dataset_spec-to-rtl")
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class Problem:

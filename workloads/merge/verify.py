@@ -192,7 +192,8 @@ class LogitsComparison:
         )
 
 
-def _forward(model: Any, tokens: Any, mesh: Any) -> np.ndarray:
+def forward(model: Any, tokens: Any, mesh: Any) -> np.ndarray:
+    """Logits of `model` for a [batch, length] token array, causal mask, positions from 0."""
     import jax.numpy as jnp
 
     batch, length = tokens.shape
@@ -203,6 +204,57 @@ def _forward(model: Any, tokens: Any, mesh: Any) -> np.ndarray:
     with mesh:
         logits, _ = model(jnp.asarray(tokens), positions, None, mask)
     return np.asarray(logits, dtype=np.float32)
+
+
+def single_device_mesh() -> Any:
+    """A 1x1 mesh on the first device: what the small CPU comparisons run on."""
+    import jax
+
+    from workloads import model as model_lib
+
+    auto = jax.sharding.AxisType.Auto
+    return jax.sharding.Mesh(
+        np.array(jax.devices()[:1]).reshape(1, 1), model_lib.MESH_AXES, axis_types=(auto, auto)
+    )
+
+
+def restore_lora(
+    base_model: Any, checkpoint: str, *, step: int | None, mesh: Any, seed: int = 0
+) -> Any:
+    """`base_model` with the run's LoRA adapters restored from its checkpoint (tunix's restore
+    path, the training code's own model): the model the run trained, before any merge.
+
+    Args:
+        checkpoint: the run's checkpoint directory (or run directory).
+        step: checkpoint step; None = latest.
+
+    Raises:
+        errors.UserError: the step cannot be restored.
+    """
+    import orbax.checkpoint as ocp
+    from tunix.sft import checkpoint_manager
+
+    from workloads import adapter_meta
+    from workloads.merge import lora_restore
+    from workloads.train import lora
+
+    checkpoint = lora_restore.find_checkpoint_dir(checkpoint)
+    meta = adapter_meta.read(checkpoint)
+    step = lora_restore.resolve_step(checkpoint, step)
+    settings = runconfig.LoraSection(
+        rank=meta.rank, alpha=meta.alpha, dropout=0.0, targets=meta.targets
+    )
+    lora_model = lora.apply_lora(base_model, settings, mesh=mesh, seed=seed)
+    manager = checkpoint_manager.CheckpointManager(
+        checkpoint, ocp.CheckpointManagerOptions(read_only=True)
+    )
+    try:
+        restored, _ = manager.maybe_restore(lora_model, step=step, restore_only_lora_params=True)
+    finally:
+        manager.close()
+    if restored != step:
+        raise errors.UserError(f"{checkpoint}: could not restore step {step}")
+    return lora_model
 
 
 def compare_logits(
@@ -233,22 +285,9 @@ def compare_logits(
     Returns:
         A LogitsComparison.
     """
-    import jax
-    import orbax.checkpoint as ocp
-    from tunix.sft import checkpoint_manager
-
-    from workloads import adapter_meta
     from workloads import model as model_lib
-    from workloads.merge import lora_restore
-    from workloads.train import lora
 
-    checkpoint = lora_restore.find_checkpoint_dir(checkpoint)
-    meta = adapter_meta.read(checkpoint)
-    step = lora_restore.resolve_step(checkpoint, step)
-    auto = jax.sharding.AxisType.Auto
-    mesh = jax.sharding.Mesh(
-        np.array(jax.devices()[:1]).reshape(1, 1), model_lib.MESH_AXES, axis_types=(auto, auto)
-    )
+    mesh = single_device_mesh()
     base_model = model_lib.load_model(base, mesh=mesh, dtype=dtype)
     cfg = base_model.config
     if seq_len is None:
@@ -256,25 +295,12 @@ def compare_logits(
     tokens = np.random.default_rng(seed).integers(
         0, cfg.num_embed, (batch, seq_len), dtype=np.int32
     )
-    base_logits = _forward(base_model, tokens, mesh)
-
-    settings = runconfig.LoraSection(
-        rank=meta.rank, alpha=meta.alpha, dropout=0.0, targets=meta.targets
-    )
-    lora_model = lora.apply_lora(base_model, settings, mesh=mesh, seed=seed)
-    manager = checkpoint_manager.CheckpointManager(
-        checkpoint, ocp.CheckpointManagerOptions(read_only=True)
-    )
-    try:
-        restored, _ = manager.maybe_restore(lora_model, step=step, restore_only_lora_params=True)
-    finally:
-        manager.close()
-    if restored != step:
-        raise errors.UserError(f"{checkpoint}: could not restore step {step}")
-    lora_logits = _forward(lora_model, tokens, mesh)
+    base_logits = forward(base_model, tokens, mesh)
+    lora_model = restore_lora(base_model, checkpoint, step=step, mesh=mesh, seed=seed)
+    lora_logits = forward(lora_model, tokens, mesh)
     del base_model, lora_model
 
-    merged_logits = _forward(model_lib.load_model(merged, mesh=mesh, dtype=dtype), tokens, mesh)
+    merged_logits = forward(model_lib.load_model(merged, mesh=mesh, dtype=dtype), tokens, mesh)
     return LogitsComparison(
         max_abs_diff=float(np.max(np.abs(merged_logits - lora_logits))),
         lora_effect=float(np.max(np.abs(lora_logits - base_logits))),

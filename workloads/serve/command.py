@@ -1,4 +1,4 @@
-"""`python -m workloads serve --config RUN.yaml [--dry-run]`: the merged model behind vLLM on TPU.
+"""`python -m workloads serve --config RUN.yaml [--dry-run]`: the merged model behind vLLM.
 
 Steps (each one restartable; systemd's gemma4-serve.service runs this in the foreground):
 1. wait (bounded) for the merge's completion marker in serve.model_dir;
@@ -6,8 +6,10 @@ Steps (each one restartable; systemd's gemma4-serve.service runs this in the for
    verified against merge_metadata.json); a local model is verified in place; a hub id is
    neither (vLLM downloads it with the HF token);
 3. restore the XLA compile cache from serve.compile_cache_gcs;
-4. `docker run` the pinned vLLM TPU image (argv: workloads/serve/argv.py), its log streamed to
-   our stdout and the last lines kept for error messages;
+4. start vLLM with serve.launcher (argv: workloads/serve/argv.py, the same vLLM flags either
+   way): `docker run` the pinned vLLM TPU image on the serving VM, or (`process`, the local
+   rehearsal) the CPU build of the same release from the serving venv; its log streamed to our
+   stdout and the last lines kept for error messages;
 5. wait for /health and the served name in /v1/models;
 6. serve until SIGTERM/SIGINT (forwarded as `docker stop`) or the container exits, uploading the
    compile cache every serve.compile_cache_sync_s seconds and once more at exit.
@@ -155,6 +157,88 @@ class Container:
             return self._proc.wait()
 
 
+class LocalProcess(Container):
+    """The process launcher's server: the serving venv's vLLM as a child process in its own
+    process group (the API server and its engine core), its output echoed and the last lines kept.
+    Stopped as `docker stop` stops the container: SIGTERM to the group, SIGKILL after
+    serve.stop_timeout_s."""
+
+    def __init__(
+        self,
+        serve: runconfig.ServeSection,
+        run_argv: list[str],
+        env: dict[str, str],
+        *,
+        echo: TextIO | None = None,
+        tail_lines: int = LOG_TAIL_LINES,
+    ) -> None:
+        super().__init__(serve, run_argv, echo=echo, tail_lines=tail_lines)
+        self._env = env
+
+    def start(self) -> None:
+        try:
+            self._proc = subprocess.Popen(
+                self._argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                bufsize=1,
+                errors="replace",
+                start_new_session=True,
+                env={**os.environ, **self._env},
+            )
+        except (FileNotFoundError, PermissionError):
+            raise ServeError(
+                f"{self._argv[0]}: no serving engine there; `bash .ci/setup` installs vLLM's CPU "
+                "build into .venv-serve (or set serve.engine_python)"
+            ) from None
+        self._pump = threading.Thread(target=self._read, name="vllm-log", daemon=True)
+        self._pump.start()
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        assert self._proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._proc.pid, sig)
+
+    def stop(self) -> int | None:
+        if self._proc is None:
+            return None
+        if self._proc.poll() is None:
+            LOG.info(f"stopping vLLM (pid {self._proc.pid})")
+        self._signal_group(signal.SIGTERM)
+        try:
+            code = self._proc.wait(timeout=self._serve.stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            self._signal_group(signal.SIGKILL)
+            code = self._proc.wait()
+        # The engine core is a child in the same group: make sure none outlives the server.
+        self._signal_group(signal.SIGKILL)
+        return code
+
+
+def launch_argv(
+    serve: runconfig.ServeSection, source: argv_lib.ModelSource, *, docker: str = "docker"
+) -> list[str]:
+    """The server's command line for serve.launcher (the same vLLM flags either way)."""
+    if serve.launcher == "process":
+        return argv_lib.process_serve_argv(serve, source)
+    return argv_lib.serve_argv(serve, source, docker=docker)
+
+
+def make_server(
+    serve: runconfig.ServeSection,
+    source: argv_lib.ModelSource,
+    *,
+    docker: str = "docker",
+    echo: TextIO | None = None,
+) -> Container:
+    """The launcher serve.launcher names, not yet started."""
+    run_argv = launch_argv(serve, source, docker=docker)
+    if serve.launcher == "process":
+        return LocalProcess(serve, run_argv, argv_lib.process_env(serve, source), echo=echo)
+    return Container(serve, run_argv, docker=docker, echo=echo)
+
+
 class StopFlag:
     """A stop request a signal handler can set: the threading.Event interface (set, is_set,
     wait) without its lock. A handler runs on the main thread between bytecodes; if that thread
@@ -271,25 +355,50 @@ def run(serve: runconfig.ServeSection, *, docker: str = "docker") -> int:
         0 after a requested stop (SIGTERM/SIGINT).
 
     Raises:
-        ServeError: the container exited by itself; readiness.NotReadyError: it never got ready;
+        ServeError: the server exited by itself; readiness.NotReadyError: it never got ready;
         staging.StagingError: the weights are missing or corrupt.
     """
     source = argv_lib.model_source(serve)
-    run_argv = argv_lib.serve_argv(serve, source, docker=docker)
     with stop_signals() as stop:
         if not prepare_model(serve, source, stop):
             LOG.info("stopped while waiting for the merged model")
             return 0
         os.makedirs(serve.compile_cache_dir, exist_ok=True)
         _restore_cache(serve)
-        container = Container(serve, run_argv, docker=docker)
-        LOG.info("starting: " + shlex.join(run_argv))
-        container.start()
+        server = make_server(serve, source, docker=docker)
+        LOG.info("starting: " + shlex.join(launch_argv(serve, source, docker=docker)))
+        server.start()
         try:
-            return _serve_until_stopped(serve, container, stop)
+            return _serve_until_stopped(serve, server, stop)
         finally:
-            container.stop()
+            server.stop()
             _sync_cache(serve, min_age_s=0)
+
+
+@contextlib.contextmanager
+def serving(serve: runconfig.ServeSection, *, echo: TextIO | None = None) -> Iterator[Container]:
+    """The model served for the length of the block (the demo's serve step): the weights checked,
+    the server started by serve.launcher and ready, stopped at the end whatever happens.
+
+    Raises:
+        ServeError, readiness.NotReadyError, staging.StagingError: as run().
+    """
+    source = argv_lib.model_source(serve)
+    prepare_model(serve, source, StopFlag())
+    server = make_server(serve, source, echo=echo)
+    server.start()
+    try:
+        readiness.wait_ready(
+            argv_lib.local_url(serve),
+            serve.served_model_name,
+            timeout_s=serve.ready_timeout_s,
+            poll_s=serve.ready_poll_s,
+            log_excerpt=server.tail,
+            alive=server.alive,
+        )
+        yield server
+    finally:
+        server.stop()
 
 
 def _serve_until_stopped(
@@ -350,12 +459,17 @@ def describe(serve: runconfig.ServeSection, *, docker: str = "docker") -> str:
         lines.append(
             f"compile cache: {serve.compile_cache_dir} (not synced: compile_cache_gcs unset)"
         )
-    lines.append("run: " + shlex.join(argv_lib.serve_argv(serve, source, docker=docker)))
+    lines.append("run: " + shlex.join(launch_argv(serve, source, docker=docker)))
     lines.append(
         f"ready when: {argv_lib.local_url(serve)}/health is 200 and /v1/models lists "
         f"{serve.served_model_name!r} (timeout {serve.ready_timeout_s} s)"
     )
-    lines.append("stop: " + shlex.join(argv_lib.stop_argv(serve, docker=docker)))
+    if serve.launcher == "process":
+        lines.append(
+            f"stop: SIGTERM to the server's process group, SIGKILL after {serve.stop_timeout_s} s"
+        )
+    else:
+        lines.append("stop: " + shlex.join(argv_lib.stop_argv(serve, docker=docker)))
     return "\n".join(lines)
 
 

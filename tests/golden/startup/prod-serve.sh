@@ -342,7 +342,7 @@ instance_zone() {
     sed 's:.*/::' || true
 }
 
-readonly VLLM_IMAGE=vllm/vllm-tpu:v0.21.0
+readonly VLLM_IMAGE=vllm/vllm-tpu:v0.27.0
 readonly MERGED_URI=gs://your-gcp-project-gemma4-prod-asia-northeast1/merged/codev-r1
 readonly MERGED_DIR=/dev/shm/models/merged
 readonly VLLM_CACHE_DIR=/dev/shm/vllm-xla-cache
