@@ -187,12 +187,14 @@ def test_the_eval_unit_never_runs_generated_code_as_root() -> None:
     service = _parse(plan.units["gemma4-eval.service"])["Service"]
     assert service["DynamicUser"] == "yes"
     assert "User" not in service and "Group" not in service
-    assert service["LoadCredential"] == "run.yaml:/etc/gemma4/run.yaml"
+    # The active release's config (the deploy switches `current` atomically).
+    assert service["LoadCredential"] == "run.yaml:/opt/gemma4/current/run.yaml"
     assert (
-        service["ExecStart"] == "/opt/gemma4/venv/bin/python -m workloads eval --config %d/run.yaml"
+        service["ExecStart"]
+        == "/opt/gemma4/current/venv/bin/python -m workloads eval --config %d/run.yaml"
     )
     assert service["ExecStartPost"].endswith("-m workloads report --config %d/run.yaml")
-    assert "/etc/gemma4/run.yaml" not in service["ExecStart"] + service["ExecStartPost"]
+    assert "/current/run.yaml" not in service["ExecStart"] + service["ExecStartPost"]
     assert service["Environment"] == "TMPDIR=/dev/shm PYTHONUNBUFFERED=1"  # writable for it
 
 

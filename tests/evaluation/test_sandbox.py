@@ -40,8 +40,7 @@ MAJORITY = "((a & b) | (a & c) | (b & c))"
 
 @pytest.fixture(scope="module")
 def majority() -> problems.Problem:
-    directory = pathlib.Path(__file__).parent / "data" / "dataset_spec-to-rtl"
-    [problem] = problems.load(str(directory), only="majority")
+    [problem] = problems.load(str(problems.SAMPLE_DIR), only="majority")
     return problem
 
 
