@@ -67,6 +67,7 @@ class MergeResult:
         copied_tensors: tensors copied bit for bit.
         seconds: wall time of the streaming pass.
         peak_rss_bytes: the process's peak resident memory so far.
+        notes: one line each about what the adapters leave out (a target with no factors).
     """
 
     out: str
@@ -80,6 +81,7 @@ class MergeResult:
     copied_tensors: int
     seconds: float
     peak_rss_bytes: int
+    notes: tuple[str, ...] = ()
 
     @property
     def gb_per_s(self) -> float:
@@ -92,7 +94,7 @@ class MergeResult:
             f"{self.merged_tensors} tensors merged + {self.copied_tensors} copied in "
             f"{self.seconds:.1f} s ({self.gb_per_s:.2f} GB/s), peak RSS "
             f"{self.peak_rss_bytes / 2**30:.2f} GiB"
-        )
+        ) + "".join(f"\nnote: {note}" for note in self.notes)
 
 
 def peak_rss_bytes() -> int:
@@ -174,7 +176,8 @@ def merge_lora(
 
     Raises:
         errors.UserError: bad input, named in one line (missing metadata or step, rank differing
-            from the metadata, a target without base tensor, a shape mismatch, non-empty output).
+            from the metadata, a target without base tensor, a shape mismatch, non-empty output,
+            NaN/Inf in the LoRA factors or in a merged tensor).
     """
     from workloads.merge import lora_restore, mapping, stream
     from workloads.merge import safetensors_io as st
@@ -191,7 +194,15 @@ def merge_lora(
     _check_base_config(base, meta)
     step = lora_restore.resolve_step(checkpoint, step)
     layout = st.read_layout(base)
+    notes: list[str] = []
     params = lora_restore.restore_lora_params(checkpoint, step)
+    bad, first = lora_restore.non_finite(params)
+    if bad:
+        raise errors.UserError(
+            f"{runconfig.join(checkpoint, str(step))}: {bad:,} NaN/Inf values in the LoRA "
+            f"factors (first in {first}); refusing to merge them (merge an earlier --step)"
+        )
+    notes.extend(mapping.targets_without_factors(params, meta.targets))
     deltas = mapping.build_deltas(
         params, rank=meta.rank, alpha=meta.alpha, targets=meta.targets, rules=rules or mapping.RULES
     )
@@ -226,4 +237,5 @@ def merge_lora(
         copied_tensors=stats.copied_tensors,
         seconds=stats.seconds,
         peak_rss_bytes=peak_rss_bytes(),
+        notes=tuple(notes),
     )
