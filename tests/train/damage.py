@@ -11,8 +11,9 @@ KINDS = ("truncated_file", "no_step_metadata", "no_manifest", "no_item_metadata"
 
 
 def largest_data_file(item: pathlib.Path) -> pathlib.Path:
-    """The biggest file of an Orbax item (its array data)."""
-    return max((p for p in item.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    """The biggest data file of an Orbax item that a restore reads: the item's own OCDBT `d/`
+    (the per-process `ocdbt.process_N/d/` copies are merged into it when the save finishes)."""
+    return max((item / "d").iterdir(), key=lambda p: p.stat().st_size)
 
 
 def poison_item(item: pathlib.Path, values: float = np.nan) -> int:

@@ -140,3 +140,61 @@ def test_a_real_full_disk_during_a_save(reference_run, config_for, tmp_path):
         assert checkpoints.saved_steps(str(run / "checkpoints")) == [SAVE_EVERY]
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_disk_full_is_recognised_through_orbax_and_tensorstore_wrappers():
+    from workloads.train import guards
+
+    # What TensorStore raises inside an Orbax save on a full disk (abridged from a real one).
+    tensorstore = ValueError(
+        'RESOURCE_EXHAUSTED: Error opening "zarr" driver: Failed to write 463 bytes to file 4: '
+        "No space left on device [os_error_code='28']"
+    )
+    try:
+        try:
+            raise tensorstore
+        except ValueError as exc:
+            raise RuntimeError("Save Finalize thread (save_finalize) failed.") from exc
+    except RuntimeError as wrapped:
+        assert guards.is_disk_full(wrapped)
+    assert guards.is_disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"))
+    assert not guards.is_disk_full(OSError(errno.EACCES, "Permission denied"))
+    assert guards.free_space_text("gs://bucket/run") == "free space unknown"
+
+
+def test_background_tracebacks_are_dropped_after_a_one_line_error_and_shown_otherwise(
+    capsys, caplog
+):
+    import logging
+    import sys
+
+    from workloads.train import guards
+
+    absl = logging.getLogger("absl")
+
+    def background_failure():
+        try:
+            raise ValueError("No space left on device")
+        except ValueError:
+            absl.error("_SignalingThread.run() raised an exception", exc_info=True)
+
+    hook = sys.excepthook
+    try:
+        with pytest.raises(errors.UserError), guards.HeldBackgroundErrors() as held:
+            background_failure()
+            raise errors.UserError("disk full")
+        background_failure()  # a writer thread still failing after the error line: dropped
+        assert not [r for r in caplog.records if r.name == "absl"]
+    finally:  # what the end of the process does
+        for logger in held._loggers:
+            logger.removeFilter(held._filter)
+        sys.excepthook = hook
+
+    with pytest.raises(RuntimeError), guards.HeldBackgroundErrors():
+        background_failure()
+        assert not [r for r in caplog.records if r.name == "absl"]  # held while it runs
+        raise RuntimeError("an unexpected failure")
+    err = capsys.readouterr().err
+    assert "ERROR:absl:_SignalingThread.run() raised an exception" in err
+    assert "ValueError: No space left on device" in err
+    assert sys.excepthook is hook

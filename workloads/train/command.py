@@ -11,7 +11,9 @@ saved, and running again from the same checkpoint would do the same).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+from typing import Any
 
 from workloads import runconfig, storage
 
@@ -44,7 +46,12 @@ def _init_distributed() -> None:
 def main(args: argparse.Namespace) -> int:
     cfg = runconfig.load(args.config)
     _init_distributed()
-    from workloads.train import trainer
+    from workloads.train import guards, trainer
 
-    result = trainer.train(cfg, fresh_optimizer_state=args.fresh_optimizer_state)
+    if getattr(args, "traceback", False) or os.environ.get("WORKLOADS_TRACEBACK") == "1":
+        hold: Any = contextlib.nullcontext()
+    else:
+        hold = guards.HeldBackgroundErrors()
+    with hold:
+        result = trainer.train(cfg, fresh_optimizer_state=args.fresh_optimizer_state)
     return result.exit_status

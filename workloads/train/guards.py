@@ -12,9 +12,12 @@ successful run, never start.
 from __future__ import annotations
 
 import errno
+import logging
 import math
 import os
 import shutil
+import sys
+from typing import Any
 
 from workloads import errors, storage
 
@@ -90,3 +93,56 @@ def disk_full_error(path: str, kept: list[int]) -> errors.UserError:
         f"checkpoints kept (steps: {steps}); free space or move train.output_dir, then run "
         "again to resume"
     )
+
+
+class HeldBackgroundErrors:
+    """Holds the tracebacks of Orbax's and TensorStore's background threads while training runs.
+
+    A failed checkpoint save (a full disk) is reported by every one of its writer threads: absl
+    ERROR records with a traceback, and exceptions that TensorStore's callbacks print through
+    sys.excepthook, hundreds of lines around the one line that says what happened, some of them
+    while the interpreter shuts down. They are held here: dropped (for good, until exit) when the
+    run ends in a one-line error, printed as they were when it ends any other way.
+    """
+
+    def __init__(self) -> None:
+        self.held: list[tuple[str, Any]] = []
+        self.dropping = False
+        # absl: Orbax's writer threads; asyncio: their tasks' errors, logged when collected.
+        self._loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
+        self._excepthook = sys.excepthook
+
+    def __enter__(self) -> HeldBackgroundErrors:
+        for logger in self._loggers:
+            logger.addFilter(self._filter)
+        sys.excepthook = self._hold_exception
+        return self
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if isinstance(exc, errors.UserError):
+            self.dropping = True  # and stay installed: the writer threads may go on failing
+            self.held.clear()
+            return
+        for logger in self._loggers:
+            logger.removeFilter(self._filter)
+        sys.excepthook = self._excepthook
+        for what, item in self.held:
+            if what == "log":
+                print(
+                    logging.Formatter("%(levelname)s:%(name)s:%(message)s").format(item),
+                    file=sys.stderr,
+                )
+            else:
+                self._excepthook(*item)
+        self.held.clear()
+
+    def _filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR or not record.exc_info:
+            return True
+        if not self.dropping:
+            self.held.append(("log", record))
+        return False
+
+    def _hold_exception(self, kind: Any, value: BaseException, tb: Any) -> None:
+        if not self.dropping:
+            self.held.append(("exception", (kind, value, tb)))

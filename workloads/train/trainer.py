@@ -430,6 +430,17 @@ def _set_up_locked(
             checkpoint_dir=train_cfg.checkpoint_dir,
             records=[],
         )
+    # Before the model is built: a run that cannot resume says so at once.
+    resume_step = resume.choose_step(
+        train_cfg,
+        fresh_optimizer_state=fresh_optimizer_state,
+        move_damaged=primary,
+        log=log,
+    )
+    if jax.process_count() > 1:  # every host resumes from the step the writing one kept
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("gemma4-train-resume-step")
     if train_cfg.warmup_steps >= total_steps:
         log(
             f"note: train.warmup_steps={train_cfg.warmup_steps} >= {total_steps} steps; "
@@ -450,16 +461,6 @@ def _set_up_locked(
         if uses_kernel(cfg, mesh)
         else "attention: dense segment mask (no TPU: the kernel's reference path)"
     )
-    resume_step = resume.choose_step(
-        train_cfg,
-        fresh_optimizer_state=fresh_optimizer_state,
-        move_damaged=primary,
-        log=log,
-    )
-    if jax.process_count() > 1:  # every host resumes from the step the writing one kept
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices("gemma4-train-resume-step")
     if primary and not has_meta:
         adapter_meta.write(
             train_cfg.checkpoint_dir,
