@@ -173,10 +173,21 @@ def test_background_tracebacks_are_dropped_after_a_one_line_error_and_shown_othe
     absl = logging.getLogger("absl")
 
     def background_failure():
+        # Handed to the logger as Orbax's thread logs it, whatever level absl was set to.
         try:
             raise ValueError("No space left on device")
         except ValueError:
-            absl.error("_SignalingThread.run() raised an exception", exc_info=True)
+            absl.handle(
+                absl.makeRecord(
+                    "absl",
+                    logging.ERROR,
+                    __file__,
+                    0,
+                    "_SignalingThread.run() raised an exception",
+                    (),
+                    sys.exc_info(),
+                )
+            )
 
     hook = sys.excepthook
     try:
@@ -190,9 +201,10 @@ def test_background_tracebacks_are_dropped_after_a_one_line_error_and_shown_othe
             logger.removeFilter(held._filter)
         sys.excepthook = hook
 
-    with pytest.raises(RuntimeError), guards.HeldBackgroundErrors():
+    with pytest.raises(RuntimeError), guards.HeldBackgroundErrors() as held:
         background_failure()
         assert not [r for r in caplog.records if r.name == "absl"]  # held while it runs
+        assert len(held.held) == 1
         raise RuntimeError("an unexpected failure")
     err = capsys.readouterr().err
     assert "ERROR:absl:_SignalingThread.run() raised an exception" in err

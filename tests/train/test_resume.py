@@ -118,3 +118,25 @@ def test_a_nan_latest_checkpoint_resumes_from_the_previous_one_to_the_same_weigh
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, STEPS + 1))
     assert pathlib.Path(run / "damaged_checkpoints").is_dir()
+
+
+def test_a_save_that_never_completed_is_removed_with_one_line(reference_run, config_for, tmp_path):
+    from workloads.train import resume
+
+    run = damage.copy_run(reference_run.checkpoint_dir, tmp_path / "run", keep=[SAVE_EVERY])
+    partial = run / "checkpoints" / f"{STEPS}.orbax-checkpoint-tmp" / "model_params"
+    partial.mkdir(parents=True)
+    (partial / "half-written").write_bytes(b"\0" * 1000)
+    lines: list[str] = []
+    chosen = resume.choose_step(
+        config_for(run).train, fresh_optimizer_state=False, move_damaged=True, log=lines.append
+    )
+    assert chosen == SAVE_EVERY
+    assert lines == [
+        f"removed {run / 'checkpoints' / f'{STEPS}.orbax-checkpoint-tmp'}: a save that never "
+        "completed"
+    ]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        str(SAVE_EVERY),
+        "lora_meta.json",
+    ]

@@ -60,7 +60,7 @@ def options(train: runconfig.TrainSection) -> Any:
     The policy is spelled out because Orbax's default for `save_interval_steps` also saves the
     first step of a fresh run, which would take one of the kept slots for an untrained adapter.
     The half-written temporary directory of a save that died (a kill, a full disk) is removed
-    when the next run opens the directory.
+    by the next run (workloads.train.resume.remove_partial_saves).
     """
     import orbax.checkpoint as ocp
 
@@ -68,7 +68,6 @@ def options(train: runconfig.TrainSection) -> Any:
     return ocp.CheckpointManagerOptions(
         save_interval_steps=train.save_every,
         max_to_keep=train.keep_checkpoints,
-        cleanup_tmp_directories=True,
         save_decision_policy=policies.AnySavePolicy(
             [
                 policies.FixedIntervalPolicy(train.save_every),

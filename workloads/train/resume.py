@@ -27,6 +27,24 @@ MODEL_ITEM = "model_params"
 OPTIMIZER_ITEM = "optimizer_state"
 STEP_METADATA = "_CHECKPOINT_METADATA"
 DAMAGED_DIR = "damaged_checkpoints"
+# Orbax writes a step under `<step>.orbax-checkpoint-tmp...` and renames it when complete.
+PARTIAL_MARK = ".orbax-checkpoint-tmp"
+
+
+def remove_partial_saves(checkpoint_dir: str) -> list[str]:
+    """Removes the temporary directories of saves that never completed (the process was killed,
+    the disk filled up): never a checkpoint, only the space they hold. Returns their names."""
+    if not storage.exists(checkpoint_dir):
+        return []
+    fs, root = storage.filesystem(checkpoint_dir)
+    removed = []
+    for entry in fs.ls(root, detail=False):
+        name = entry.rstrip("/").rsplit("/", 1)[-1]
+        head = name.split(".", 1)[0]
+        if head.isdigit() and PARTIAL_MARK in name:
+            fs.rm(entry, recursive=True)
+            removed.append(name)
+    return removed
 
 
 def step_problem(checkpoint_dir: str, step: int) -> tuple[str | None, bool]:
@@ -85,6 +103,9 @@ def choose_step(
             state and `fresh_optimizer_state` is off.
     """
     checkpoint_dir = train.checkpoint_dir
+    if move_damaged:
+        for name in remove_partial_saves(checkpoint_dir):
+            log(f"removed {runconfig.join(checkpoint_dir, name)}: a save that never completed")
     steps = checkpoints.saved_steps(checkpoint_dir)
     damaged: list[str] = []
     for step in reversed(steps):

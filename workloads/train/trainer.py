@@ -350,13 +350,11 @@ def train(
 
 def _disk_full(train_cfg: runconfig.TrainSection) -> errors.UserError:
     """The one line for a full disk: the half-written save is removed first (it only holds
-    space), so the free space named is what the user has to work with."""
-    import shutil
-
+    space; the next run removes what writer threads still left), so the free space named is
+    what the user has to work with."""
     ckpt = train_cfg.checkpoint_dir
-    if not storage.is_remote(ckpt) and pathlib.Path(ckpt).is_dir():
-        for partial in pathlib.Path(ckpt).glob("*.orbax-checkpoint-tmp*"):
-            shutil.rmtree(partial, ignore_errors=True)
+    with contextlib.suppress(OSError):  # its writer threads may still be at it
+        resume.remove_partial_saves(ckpt)
     return guards.disk_full_error(ckpt, checkpoints.saved_steps(ckpt))
 
 
