@@ -60,7 +60,25 @@ def test_a_nan_loss_stops_the_run_before_that_step_is_saved(
     assert not (run / "train.lock").exists()  # given back on the way out
 
 
-def test_the_cli_exits_3_with_one_line_on_a_non_finite_step(monkeypatch, capsys, tmp_path):
+@pytest.fixture
+def restore_log_hooks():
+    """The CLI keeps its held-traceback filters after a one-line error (until the process
+    exits); a test process goes on, so they are taken off again."""
+    import logging
+    import sys
+
+    loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
+    before = [list(logger.filters) for logger in loggers]
+    hook = sys.excepthook
+    yield
+    for logger, filters in zip(loggers, before, strict=True):
+        logger.filters[:] = filters
+    sys.excepthook = hook
+
+
+def test_the_cli_exits_3_with_one_line_on_a_non_finite_step(
+    monkeypatch, capsys, tmp_path, restore_log_hooks
+):
     from workloads.train import guards, trainer
 
     def diverge(cfg, **kwargs):
@@ -163,7 +181,7 @@ def test_disk_full_is_recognised_through_orbax_and_tensorstore_wrappers():
 
 
 def test_background_tracebacks_are_dropped_after_a_one_line_error_and_shown_otherwise(
-    capsys, caplog
+    capsys, caplog, restore_log_hooks
 ):
     import logging
     import sys
