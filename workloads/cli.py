@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         if show_traceback:
             traceback.print_exc()
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        # 2 unless the error names its own status (training's non-finite stop is 3).
+        return int(getattr(exc, "exit_status", 2))
     except OSError as exc:
         line = errors.path_error_line(exc)
         if line is None:

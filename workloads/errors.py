@@ -10,8 +10,11 @@ class UserError(Exception):
     """A problem the user can fix: bad input, a missing file, a config that does not fit.
 
     The message is one line naming the field or file, the bad value and what is allowed.
-    The CLI prints it as `error: <message>` and exits with status 2.
+    The CLI prints it as `error: <message>` and exits with `exit_status` (2; a subclass may
+    name another status, so that a unit can tell it apart).
     """
+
+    exit_status = 2
 
 
 def exception_line(exc: BaseException) -> str:

@@ -37,7 +37,8 @@ def test_train_unit_runs_the_training_command_with_restart_and_environment() -> 
         "--config /opt/gemma4/current/run.yaml"
     )
     assert service["Restart"] == "on-failure"
-    assert service["RestartPreventExitStatus"] == "2"  # a bad run config is not retried forever
+    # Neither a bad run config (2) nor a non-finite loss (3) is retried forever.
+    assert service["RestartPreventExitStatus"] == "2 3"
     assert service["Environment"] == "TMPDIR=/dev/shm PYTHONUNBUFFERED=1"
     assert service["EnvironmentFile"] == "-/etc/gemma4/env"  # the startup script's variables
     assert service["StandardOutput"] == service["StandardError"] == "journal"

@@ -151,3 +151,14 @@ def test_unknown_parameter_and_missing_factor_are_refused():
             alpha=1.0,
             targets=["q_einsum"],
         )
+
+
+def test_a_target_without_factors_in_any_layer_is_noted_in_one_line():
+    f = factors(a=(D, R), b=(R, N, H))
+    params = lora_params(0, "attn", "q_einsum", f["a"], f["b"])
+    assert mapping.targets_without_factors(params, ["q_einsum"]) == []
+    (note,) = mapping.targets_without_factors(params, ["q_einsum", "down_proj"])
+    assert note == (
+        "lora_meta.json targets down_proj but the checkpoint holds no LoRA factors for it in any "
+        "layer; the merge leaves those weights as in the base"
+    )

@@ -70,6 +70,7 @@ class MergeResult:
         workers: shards written at once (1: in this process, else worker processes).
         worker_peak_rss_bytes: the largest peak resident memory of a worker process (0: none).
         cpu_seconds: CPU time (user + system, all processes) of the streaming pass.
+        notes: one line each about what the adapters leave out (a target with no factors).
     """
 
     out: str
@@ -86,6 +87,7 @@ class MergeResult:
     workers: int = 1
     worker_peak_rss_bytes: int = 0
     cpu_seconds: float = 0.0
+    notes: tuple[str, ...] = ()
 
     @property
     def gb_per_s(self) -> float:
@@ -104,7 +106,7 @@ class MergeResult:
                 if self.worker_peak_rss_bytes
                 else ""
             )
-        )
+        ) + "".join(f"\nnote: {note}" for note in self.notes)
 
 
 def peak_rss_bytes() -> int:
@@ -191,7 +193,8 @@ def merge_lora(
 
     Raises:
         errors.UserError: bad input, named in one line (missing metadata or step, rank differing
-            from the metadata, a target without base tensor, a shape mismatch, non-empty output).
+            from the metadata, a target without base tensor, a shape mismatch, non-empty output,
+            NaN/Inf in the LoRA factors or in a merged tensor).
     """
     from workloads.merge import lora_restore, mapping, stream
     from workloads.merge import safetensors_io as st
@@ -210,7 +213,15 @@ def merge_lora(
     _check_base_config(base, meta)
     step = lora_restore.resolve_step(checkpoint, step)
     layout = st.read_layout(base)
+    notes: list[str] = []
     params = lora_restore.restore_lora_params(checkpoint, step)
+    bad, first = lora_restore.non_finite(params)
+    if bad:
+        raise errors.UserError(
+            f"{runconfig.join(checkpoint, str(step))}: {bad:,} NaN/Inf values in the LoRA "
+            f"factors (first in {first}); refusing to merge them (merge an earlier --step)"
+        )
+    notes.extend(mapping.targets_without_factors(params, meta.targets))
     deltas = mapping.build_deltas(
         params, rank=meta.rank, alpha=meta.alpha, targets=meta.targets, rules=rules or mapping.RULES
     )
@@ -249,4 +260,5 @@ def merge_lora(
         workers=stats.workers,
         worker_peak_rss_bytes=stats.worker_peak_rss_bytes,
         cpu_seconds=stats.cpu_seconds,
+        notes=tuple(notes),
     )

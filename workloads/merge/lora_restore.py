@@ -71,6 +71,51 @@ def _name(path: tuple[object, ...]) -> str:
     return ".".join(parts)
 
 
+def read_item(item: str) -> dict[str, np.ndarray]:
+    """Every array of one Orbax PyTree item (`<step>/model_params`, `<step>/optimizer_state`)
+    onto the host, by flat name, whatever mesh wrote it.
+
+    Raises:
+        errors.UserError: the item's tree metadata is missing or unreadable (Orbax then has no
+            tree to restore: a missing or damaged _METADATA, manifest or data file).
+    """
+    import jax
+    import orbax.checkpoint as ocp
+
+    checkpointer = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())
+    try:
+        metadata = checkpointer.metadata(item)
+        if metadata is None or getattr(metadata, "item_metadata", None) is None:
+            raise errors.UserError(
+                f"{item}: unreadable (its _METADATA, manifest or data file is missing or damaged)"
+            )
+        tree = metadata.item_metadata.tree
+        restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+        restored = checkpointer.restore(
+            item, args=ocp.args.PyTreeRestore(restore_args=restore_args)
+        )
+    finally:
+        checkpointer.close()
+    return {
+        _name(path): np.asarray(leaf)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(restored)[0]
+    }
+
+
+def non_finite(arrays: dict[str, np.ndarray]) -> tuple[int, str | None]:
+    """(number of NaN/Inf values over the floating arrays, the first array holding one)."""
+    count, first = 0, None
+    for name, array in arrays.items():
+        # bfloat16 (ml_dtypes) is no numpy floating subtype; its name says what it is.
+        if array.dtype.kind not in "fc" and not array.dtype.name.startswith(("bfloat", "float")):
+            continue
+        bad = int(array.size - np.count_nonzero(np.isfinite(array)))
+        if bad and first is None:
+            first = name
+        count += bad
+    return count, first
+
+
 def restore_lora_params(checkpoint_dir: str, step: int) -> dict[str, np.ndarray]:
     """Reads the LoRA params of one step onto the host.
 
@@ -82,29 +127,15 @@ def restore_lora_params(checkpoint_dir: str, step: int) -> dict[str, np.ndarray]
         Flat name (`layers.<i>.attn.q_einsum.w_lora_a`) -> numpy array in the saved dtype.
 
     Raises:
-        errors.UserError: the step has no `model_params` item or it holds no LoRA factors.
+        errors.UserError: the step has no `model_params` item, it is unreadable, or it holds no
+            LoRA factors.
     """
-    import jax
-    import orbax.checkpoint as ocp
-
     item = runconfig.join(checkpoint_dir, str(step), ITEM)
     if not storage.exists(item):
         raise errors.UserError(
             f"{item}: not found; is {checkpoint_dir} a tunix checkpoint directory?"
         )
-    checkpointer = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())
-    try:
-        tree = checkpointer.metadata(item).item_metadata.tree
-        restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
-        restored = checkpointer.restore(
-            item, args=ocp.args.PyTreeRestore(restore_args=restore_args)
-        )
-    finally:
-        checkpointer.close()
-    params = {
-        _name(path): np.asarray(leaf)
-        for path, leaf in jax.tree_util.tree_flatten_with_path(restored)[0]
-    }
+    params = read_item(item)
     if not params:
         raise errors.UserError(f"{item}: holds no LoRA parameters")
     return params

@@ -169,6 +169,22 @@ def group_modules(params: Mapping[str, np.ndarray]) -> dict[tuple[int, str], dic
     return modules
 
 
+def targets_without_factors(params: Mapping[str, np.ndarray], targets: Iterable[str]) -> list[str]:
+    """One line per target of lora_meta.json for which the checkpoint holds no LoRA factor in
+    any layer: such a target changes nothing in the merge (a model without that module, or
+    metadata that does not describe these adapters), which the user should know.
+
+    Raises:
+        errors.UserError: a parameter that is not a layer's LoRA factor (see group_modules).
+    """
+    present = {module for _, module in group_modules(params)}
+    return [
+        f"lora_meta.json targets {target} but the checkpoint holds no LoRA factors for it in "
+        "any layer; the merge leaves those weights as in the base"
+        for target in sorted(set(targets) - present)
+    ]
+
+
 def build_deltas(
     params: Mapping[str, np.ndarray],
     *,

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from workloads import errors
 from workloads.merge import mapping
 from workloads.merge import safetensors_io as st
 
@@ -166,6 +167,13 @@ def merged_blocks(
             block = delta.rows(start, start + n, out=acc[:n])
             block += raw[:nbytes].view(dtype).reshape(n, cols)
             np.copyto(out.view(dtype).reshape(n, cols), block, casting="unsafe")
+        # A delta that overflows the tensor's dtype (or a base that holds NaN) would ship a
+        # model that answers garbage: refuse it here, before the output can look complete.
+        if not np.isfinite(out.view(dtype)).all():
+            raise errors.UserError(
+                f"{info.name}: the merged values of rows {start}-{start + n - 1} are not finite "
+                f"(NaN/Inf) after adding the LoRA delta of {delta.source}; nothing written"
+            )
         writer.submit(out)
         yield nbytes
 

@@ -1,7 +1,8 @@
 """Checks of a merged checkpoint: integrity against its metadata and base, and logits parity.
 
 `verify_merged` is what `merge --verify` runs on any model size: the index is there and matches
-merge_metadata.json, every shard has the recorded sha256 and size, the tensors are the base's
+merge_metadata.json, every shard has the recorded sha256 and size, no floating tensor holds NaN
+or Inf, the tensors are the base's
 (same names, dtypes, shapes), every tensor that is not a LoRA target is byte-identical to the
 base and every target differs from it. `compare_logits` is the numerical proof on a small model:
 the merged checkpoint, loaded by Tunix without LoRA, against the LoRA model restored from the
@@ -105,6 +106,7 @@ def verify_merged(
                 f"{str(expected.get('sha256'))[:12]}…/{expected.get('bytes')}"
             )
     targets = set(meta.get("merged_tensors", ()))
+    _check_finite(layout, problems, staging_dir)
     identical = changed = 0
     if base is not None:
         identical, changed = _compare_with_base(
@@ -113,6 +115,35 @@ def verify_merged(
     return VerifyReport(
         out, len(files), len(layout.tensors), len(targets), identical, changed, tuple(problems)
     )
+
+
+def _check_finite(layout: st.Layout, problems: list[str], staging_dir: str | None) -> None:
+    """Adds a problem for every floating tensor of the output that holds NaN or Inf: a merge of
+    damaged adapters (or of a bit-flipped shard) must not pass as OK."""
+    bad: dict[str, int] = {}
+    with tempfile.TemporaryDirectory(prefix="merge-verify-", dir=staging_dir) as scratch:
+        source = st.Source(layout, scratch if storage.is_remote(layout.root) else None)
+        buffer = bytearray(_CHUNK - _CHUNK % 8)  # whole elements of every float dtype
+        try:
+            for name, info in layout.tensors.items():
+                dtype = st.float_dtype(info.dtype)
+                if dtype is not None:
+                    count = sum(
+                        int(chunk.nbytes // dtype.itemsize)
+                        - int(np.count_nonzero(np.isfinite(np.frombuffer(chunk, dtype))))
+                        for chunk in source.chunks(info, buffer)
+                    )
+                    if count:
+                        bad[name] = count
+                source.done(info)
+        finally:
+            source.close()
+    if bad:
+        first = next(iter(bad))
+        problems.append(
+            f"{sum(bad.values()):,} NaN/Inf values in {len(bad)} tensor(s), e.g. {first} "
+            f"({bad[first]:,}); this model must not be served"
+        )
 
 
 def _compare_with_base(

@@ -59,6 +59,8 @@ def options(train: runconfig.TrainSection) -> Any:
 
     The policy is spelled out because Orbax's default for `save_interval_steps` also saves the
     first step of a fresh run, which would take one of the kept slots for an untrained adapter.
+    The half-written temporary directory of a save that died (a kill, a full disk) is removed
+    by the next run (workloads.train.resume.remove_partial_saves).
     """
     import orbax.checkpoint as ocp
 

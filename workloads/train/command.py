@@ -1,14 +1,19 @@
 """`python -m workloads train --config RUN.yaml|RUN.json`: LoRA fine-tune, resumable.
 
 Run it again with the same config after a crash or a preemption and it continues from the
-latest checkpoint. Exit status: 0 when the last step is done, 143 when SIGTERM stopped it after
-saving a checkpoint (run again to continue), 2 on a user error (one line on stderr).
+newest intact checkpoint. Exit status: 0 when the last step is done, 143 when SIGTERM stopped it
+after saving a checkpoint (run again to continue), 2 on a user error (one line on stderr: a bad
+config, another trainer on the run directory, no intact checkpoint, a full disk), 3 when a
+step's loss or gradient norm was not finite (one line naming the step; nothing of it was
+saved, and running again from the same checkpoint would do the same).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+from typing import Any
 
 from workloads import runconfig, storage
 
@@ -19,6 +24,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         required=True,
         type=storage.absolute,
         help="run config, YAML or JSON (local or gs://)",
+    )
+    parser.add_argument(
+        "--fresh-optimizer-state",
+        action="store_true",
+        help="resume from a checkpoint that has lost its optimizer_state/ with a new AdamW "
+        "state (moments and schedule step start over); without it that is an error",
     )
 
 
@@ -35,7 +46,12 @@ def _init_distributed() -> None:
 def main(args: argparse.Namespace) -> int:
     cfg = runconfig.load(args.config)
     _init_distributed()
-    from workloads.train import trainer
+    from workloads.train import guards, trainer
 
-    result = trainer.train(cfg)
+    if getattr(args, "traceback", False) or os.environ.get("WORKLOADS_TRACEBACK") == "1":
+        hold: Any = contextlib.nullcontext()
+    else:
+        hold = guards.HeldBackgroundErrors()
+    with hold:
+        result = trainer.train(cfg, fresh_optimizer_state=args.fresh_optimizer_state)
     return result.exit_status

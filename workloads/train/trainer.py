@@ -19,6 +19,7 @@ own modules.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import pathlib
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from workloads import adapter_meta, catalog, errors, runconfig, storage
 from workloads import model as model_lib
-from workloads.train import checkpoints, packed_attention, step
+from workloads.train import checkpoints, guards, packed_attention, resume, runlock, step
 from workloads.train import lora as lora_lib
 from workloads.train import metrics as metrics_lib
 from workloads.train import stream as stream_lib
@@ -150,7 +151,14 @@ def uses_kernel(cfg: runconfig.RunConfig, mesh: jax.sharding.Mesh) -> bool:
 
 
 class _StepMetrics:
-    """PeftTrainer's per-step hook: turns what the step did into a metrics record."""
+    """PeftTrainer's per-step hook: turns what the step did into a metrics record, and stops the
+    run at the first step whose loss or gradient norm is not finite (workloads.train.guards).
+
+    PeftTrainer reports step s only once step s+1 has run, after the checkpoint of step s was
+    saved; `before_save` records a step that is about to be checkpointed ahead of its hook (and
+    checks it), so a kill right after the checkpoint does not lose its line in metrics.jsonl and
+    a non-finite step is never saved.
+    """
 
     def __init__(
         self,
@@ -162,6 +170,7 @@ class _StepMetrics:
         run_log: metrics_lib.RunLog,
         segment: metrics_lib.Segment,
         last_step: int,
+        resumed_from: int,
     ):
         self.cfg = cfg
         self.schedule = schedule
@@ -170,6 +179,8 @@ class _StepMetrics:
         self.run_log = run_log
         self.segment = segment
         self.last_step = last_step
+        self.resumed_from = resumed_from
+        self.logged_through = resumed_from
         train = cfg.train
         self.computed_per_step = train.micro_batch * cfg.data.max_seq_len * train.grad_accum
         self.real_tokens = self.computed_tokens = self.steps = 0
@@ -187,8 +198,39 @@ class _StepMetrics:
         return 6 * self.base_params * tokens_per_s / self.peak_flops
 
     def __call__(self, ctx: Any, step: int, loss: float) -> None:
+        if step <= self.logged_through:
+            return  # recorded ahead of its checkpoint (before_save)
+        # tunix's: the global norm of each micro-batch's gradient, averaged over the step.
+        grad_norm = float(ctx.metrics_logger.get_metric_history("", "grad_norm", "train")[-1])
+        self._record(ctx, step, loss, grad_norm, force_write=False)
+
+    def before_save(self, trainer: Any, step: int) -> None:
+        """Checks and records step `step` before its checkpoint is written (PeftTrainer still
+        holds its losses and gradient norms in its metrics buffer)."""
+        import numpy as np
+
+        if step <= self.logged_through:
+            return
+        buffered = getattr(trainer, "_prev_buffered_train_metrics", None)
+        if buffered is None or buffered.step + 1 != step:
+            return  # not this step's buffer (a tunix change): its hook records it later
+        norms = buffered.additional_metrics.get("grad_norm", ([float("nan")], np.mean))[0]
+        grad_norm = float(np.mean(np.asarray([np.asarray(x, np.float32) for x in norms])))
+        self._record(trainer, step, float(buffered.loss), grad_norm, force_write=True)
+
+    def _record(
+        self, ctx: Any, step: int, loss: float, grad_norm: float, *, force_write: bool
+    ) -> None:
         import jax
 
+        guards.check_step(
+            step,
+            loss,
+            grad_norm,
+            resumed_from=self.resumed_from,
+            checkpoint_dir=self.cfg.train.checkpoint_dir,
+        )
+        self.logged_through = step
         # PeftTrainer reports step s once step s+1 is queued, so this is ~ step s's wall time.
         now = time.time()
         seconds, self.clock = now - self.clock, now
@@ -206,8 +248,7 @@ class _StepMetrics:
             "step": step,
             "loss": loss,
             "learning_rate": float(self.schedule(step - 1)),
-            # tunix's: the global norm of each micro-batch's gradient, averaged over the step.
-            "grad_norm": float(ctx.metrics_logger.get_metric_history("", "grad_norm", "train")[-1]),
+            "grad_norm": grad_norm,
             "real_tokens": real,
             "computed_tokens": self.computed_per_step,
             "step_seconds": seconds,
@@ -219,11 +260,11 @@ class _StepMetrics:
             "peak_device_memory_bytes": peak,
             "host_rss_bytes": metrics_lib.host_rss(),
         }
-        if step % self.cfg.train.log_every == 0 or step == self.last_step:
+        if force_write or step % self.cfg.train.log_every == 0 or step == self.last_step:
             self.run_log.log(record)
         else:
             self.run_log.records.append(record)
-        if step % self.cfg.train.save_every == 0:
+        if force_write or step % self.cfg.train.save_every == 0:
             self.run_log.sync()
 
 
@@ -241,6 +282,8 @@ class _Prepared:
     lora_params: int
     primary: bool  # this process writes the run dir's files (one host of a slice)
     started: float
+    resume_step: int  # the newest intact checkpoint (0: none)
+    lock: runlock.RunLock | None  # held by the writing process until the run ends
 
 
 @dataclasses.dataclass
@@ -263,6 +306,7 @@ def train(
     stop_after_steps: int | None = None,
     log: Callable[[str], None] = _say,
     handle_sigterm: bool = True,
+    fresh_optimizer_state: bool = False,
 ) -> TrainResult:
     """Runs (or resumes) the LoRA fine-tune described by `cfg`: set up, restore, loop, summary.
 
@@ -273,26 +317,57 @@ def train(
             SIGTERM); for tests and the demo's resume illustration.
         log: where progress lines go.
         handle_sigterm: install the SIGTERM handler (main thread only).
+        fresh_optimizer_state: resume from a checkpoint that has no optimizer state, with a new
+            one (otherwise that is an error: workloads.train.resume).
 
     Returns:
         A TrainResult; train_summary.json is written when the run reached its last step.
 
     Raises:
-        errors.UserError: bad mesh, tp, data, model directory or checkpoint directory.
+        errors.UserError: bad mesh, tp, data, model directory or checkpoint directory; another
+            trainer holds the run directory; no intact checkpoint; a full disk (naming the path
+            and the free space; earlier checkpoints are kept).
+        guards.NonFiniteError: a step's loss or gradient norm is not finite (nothing of it or
+            after it is saved).
     """
-    prepared = _set_up(cfg, data, log)
+    prepared = _set_up(cfg, data, log, fresh_optimizer_state)
     if isinstance(prepared, TrainResult):
         return prepared  # a finished run started again
-    trainer, schedule, resumed_from = _restore(prepared, log)
-    loop = _loop(prepared, trainer, schedule, resumed_from, stop_after_steps, log, handle_sigterm)
-    return _summarise(prepared, loop, log)
+    try:
+        trainer, schedule, resumed_from = _restore(prepared, log)
+        loop = _loop(
+            prepared, trainer, schedule, resumed_from, stop_after_steps, log, handle_sigterm
+        )
+        return _summarise(prepared, loop, log)
+    except Exception as exc:
+        if guards.is_disk_full(exc) and not isinstance(exc, errors.UserError):
+            raise _disk_full(cfg.train) from None
+        raise
+    finally:
+        if prepared.lock is not None:
+            prepared.lock.release()
+
+
+def _disk_full(train_cfg: runconfig.TrainSection) -> errors.UserError:
+    """The one line for a full disk: the half-written save is removed first (it only holds
+    space; the next run removes what writer threads still left), so the free space named is
+    what the user has to work with."""
+    ckpt = train_cfg.checkpoint_dir
+    with contextlib.suppress(OSError):  # its writer threads may still be at it
+        resume.remove_partial_saves(ckpt)
+    return guards.disk_full_error(ckpt, checkpoints.saved_steps(ckpt))
 
 
 def _set_up(
-    cfg: runconfig.RunConfig, data: stream_lib.PreparedData | None, log: Callable[[str], None]
+    cfg: runconfig.RunConfig,
+    data: stream_lib.PreparedData | None,
+    log: Callable[[str], None],
+    fresh_optimizer_state: bool,
 ) -> _Prepared | TrainResult:
-    """Cheap checks first (config.json is read in place, even on gs://), then staging, data and
-    the LoRA model on the mesh. A run whose last checkpoint is already the last step ends here."""
+    """Cheap checks first (config.json is read in place, even on gs://), then the run
+    directory's lock (the writing process), staging, data, the checkpoint to resume from and
+    the LoRA model on the mesh. A run whose last checkpoint is already the last step ends here.
+    The lock is given back if anything fails here; otherwise `train` gives it back."""
     import jax
 
     started = time.time()
@@ -301,15 +376,50 @@ def _set_up(
     model_lib.check_tp(model_lib.tunix_config_from_hf(hf_config), train_cfg.mesh.tp)
     mesh = model_lib.make_mesh(train_cfg.mesh.fsdp, train_cfg.mesh.tp)
     has_meta = checkpoints.check_checkpoint_dir(cfg)
+    primary = jax.process_index() == 0
+    lock = runlock.RunLock(train_cfg.output_dir, log) if primary else None
+    if lock is not None:
+        lock.acquire()
+    try:
+        return _set_up_locked(
+            cfg, data, log, fresh_optimizer_state, hf_config, mesh, has_meta, lock, started
+        )
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _set_up_locked(
+    cfg: runconfig.RunConfig,
+    data: stream_lib.PreparedData | None,
+    log: Callable[[str], None],
+    fresh_optimizer_state: bool,
+    hf_config: dict[str, Any],
+    mesh: jax.sharding.Mesh,
+    has_meta: bool,
+    lock: runlock.RunLock | None,
+    started: float,
+) -> _Prepared | TrainResult:
+    import jax
+
+    train_cfg = cfg.train
+    primary = jax.process_index() == 0
     model_lib.set_compilation_cache(train_cfg.compile_cache_dir)
     model_dir = model_lib.stage(cfg.model.base, cfg.model.stage_dir)
     if data is None:
         data = load_data(cfg, str(model_dir))
     total_steps = total_optimizer_steps(cfg, data)
     done = checkpoints.saved_steps(train_cfg.checkpoint_dir)
-    if done and done[-1] >= total_steps:
+    if (
+        done
+        and done[-1] >= total_steps
+        and resume.step_problem(train_cfg.checkpoint_dir, done[-1])[0] is None
+    ):
         # A finished run started again (a restarted unit): leave its outputs as they are.
         log(f"{train_cfg.checkpoint_dir}: already at step {done[-1]}/{total_steps}; nothing to do")
+        if lock is not None:
+            lock.release()
         return TrainResult(
             summary=read_summary(train_cfg.output_dir),
             final_step=done[-1],
@@ -318,6 +428,17 @@ def _set_up(
             checkpoint_dir=train_cfg.checkpoint_dir,
             records=[],
         )
+    # Before the model is built: a run that cannot resume says so at once.
+    resume_step = resume.choose_step(
+        train_cfg,
+        fresh_optimizer_state=fresh_optimizer_state,
+        move_damaged=primary,
+        log=log,
+    )
+    if jax.process_count() > 1:  # every host resumes from the step the writing one kept
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("gemma4-train-resume-step")
     if train_cfg.warmup_steps >= total_steps:
         log(
             f"note: train.warmup_steps={train_cfg.warmup_steps} >= {total_steps} steps; "
@@ -338,7 +459,6 @@ def _set_up(
         if uses_kernel(cfg, mesh)
         else "attention: dense segment mask (no TPU: the kernel's reference path)"
     )
-    primary = jax.process_index() == 0
     if primary and not has_meta:
         adapter_meta.write(
             train_cfg.checkpoint_dir,
@@ -353,7 +473,18 @@ def _set_up(
             ),
         )
     return _Prepared(
-        cfg, mesh, hf_config, data, total_steps, model, base_params, lora_params, primary, started
+        cfg,
+        mesh,
+        hf_config,
+        data,
+        total_steps,
+        model,
+        base_params,
+        lora_params,
+        primary,
+        started,
+        resume_step,
+        lock,
     )
 
 
@@ -364,6 +495,11 @@ def _restore(prepared: _Prepared, log: Callable[[str], None]) -> tuple[Any, opta
     with prepared.mesh:
         trainer = step.make_trainer(prepared.model, train_cfg, schedule, train_cfg.checkpoint_dir)
     resumed_from = trainer.train_steps
+    if resumed_from != prepared.resume_step:  # the directory changed under this trainer
+        raise errors.UserError(
+            f"{train_cfg.checkpoint_dir}: restored step {resumed_from}, expected the newest "
+            f"intact step {prepared.resume_step}; is another process writing this run directory?"
+        )
     if resumed_from:
         log(f"resuming from checkpoint step {resumed_from} in {train_cfg.checkpoint_dir}")
     return trainer, schedule, resumed_from
@@ -416,14 +552,17 @@ def _loop(
         run_log=run_log,
         segment=segment,
         last_step=stop_at,
+        resumed_from=resumed_from,
     )
 
     def before_save(step: int, force: bool) -> None:
-        # Record the segment up to `step` before its checkpoint can exist: whatever checkpoint
-        # a later process resumes from, this file already counts the steps up to it. Step
-        # `step`'s token count is still in step_aux (its metrics hook comes one step later).
+        # Record the segment and the step's metrics up to `step` before its checkpoint can
+        # exist: whatever checkpoint a later process resumes from, these files already count
+        # the steps up to it. Step `step`'s token count is still in step_aux (its metrics hook
+        # comes one step later). A non-finite step stops here, before it is saved.
         if step <= resumed_from or not (force or step % train_cfg.save_every == 0):
             return
+        step_metrics.before_save(trainer, step)
         if step in trainer.step_aux:  # the final forced save comes after the step's hook
             segment.record(step, sum(int(x) for x in jax.device_get(trainer.step_aux[step])))
         segment.write()
@@ -459,6 +598,11 @@ def _loop(
         with mesh, segment.compile:
             trainer.train(stream)  # closes the trainer: final metrics + final checkpoint
         status = "finished" if trainer.train_steps >= prepared.total_steps else "stopped"
+    except BaseException:
+        # A save of an earlier step may still be in flight: let it finish (or fail) cleanly.
+        with contextlib.suppress(Exception):
+            trainer.checkpoint_manager.close()
+        raise
     finally:
         train_seconds = time.time() - loop_started
         if previous_handler is not None:

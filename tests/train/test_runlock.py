@@ -1,0 +1,147 @@
+"""One trainer per run directory: a second one stops with one line naming the holder; the lock
+of a process that died is taken over (a local flock by the kernel, a gs:// lock object when its
+writer is gone from this host); a lock held by a live process elsewhere is never taken."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from workloads import errors
+from workloads.train import runlock
+
+HOLD = (
+    "import sys, time\n"
+    "from workloads.train import runlock\n"
+    "lock = runlock.RunLock(sys.argv[1], print)\n"
+    "lock.acquire()\n"
+    "print('held', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def hold_in_another_process(output_dir) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(output_dir)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_second_trainer_gets_one_line_naming_the_holder(tmp_path):
+    proc = hold_in_another_process(tmp_path / "run")
+    try:
+        with pytest.raises(errors.UserError) as info:
+            runlock.RunLock(str(tmp_path / "run"), print).acquire()
+        message = str(info.value)
+        assert message.startswith(
+            f"{tmp_path / 'run'}: another trainer holds {tmp_path / 'run' / 'train.lock'} "
+            f"(pid {proc.pid} on host {socket.gethostname()} since "
+        )
+        assert message.endswith("); stop it first, or use another train.output_dir")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_lock_of_a_killed_trainer_is_free_at_once(tmp_path):
+    proc = hold_in_another_process(tmp_path / "run")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    holder = json.loads((tmp_path / "run" / "train.lock").read_text())
+    assert holder["pid"] == proc.pid  # left behind, but no process holds its flock
+    with runlock.RunLock(str(tmp_path / "run"), print) as lock:
+        assert json.loads((tmp_path / "run" / "train.lock").read_text())["pid"] == os.getpid()
+        with pytest.raises(errors.UserError):  # a second holder in this very process too
+            runlock.RunLock(str(tmp_path / "run"), print).acquire()
+        assert lock.path.endswith("train.lock")
+    assert not (tmp_path / "run" / "train.lock").exists()
+
+
+def test_training_refuses_a_locked_run_directory_before_any_work(config_for, tmp_path):
+    from workloads.train import trainer
+
+    proc = hold_in_another_process(tmp_path / "run")
+    try:
+        started = time.monotonic()
+        with pytest.raises(errors.UserError) as info:
+            trainer.train(config_for(tmp_path / "run"), log=lambda line: None)
+        assert "another trainer holds" in str(info.value) and f"pid {proc.pid}" in str(info.value)
+        assert time.monotonic() - started < 30  # before staging, data and compilation
+        assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["train.lock"]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def memory_run():
+    """A run directory on fsspec's in-memory filesystem: the remote (gs://) code path."""
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    path = f"memory://locktest-{os.getpid()}-{time.monotonic_ns()}"
+    yield path
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm(path.removeprefix("memory://"), recursive=True)
+
+
+def write_remote_lock(path: str, holder: dict) -> None:
+    import fsspec
+
+    fsspec.filesystem("memory").pipe_file(
+        f"{path}/train.lock".removeprefix("memory://"), json.dumps(holder).encode()
+    )
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_remote_lock_is_created_once_and_given_back(memory_run):
+    first = runlock.RunLock(memory_run, print)
+    first.acquire()
+    with pytest.raises(errors.UserError) as info:
+        runlock.RunLock(memory_run, print).acquire()
+    assert f"pid {os.getpid()} on host {socket.gethostname()}" in str(info.value)
+    assert "delete the lock (gcloud storage rm " in str(info.value)
+    first.release()
+    with runlock.RunLock(memory_run, print):
+        pass
+
+
+def test_remote_lock_of_a_dead_process_on_this_host_is_taken_over(memory_run):
+    stale = {"host": socket.gethostname(), "pid": dead_pid(), "start_time": "1", "since": "then"}
+    write_remote_lock(memory_run, stale)
+    notes: list[str] = []
+    with runlock.RunLock(memory_run, notes.append):
+        (note,) = notes
+        assert note.startswith(f"note: taking over {memory_run}/train.lock from pid ")
+        assert note.endswith("which no longer runs")
+
+
+def test_remote_lock_from_before_this_boot_is_taken_over(memory_run):
+    write_remote_lock(
+        memory_run,
+        {"host": socket.gethostname(), "pid": os.getpid(), "boot_id": "another-boot"},
+    )
+    with runlock.RunLock(memory_run, print):
+        pass
+
+
+def test_remote_lock_of_another_host_or_a_live_process_is_never_taken(memory_run):
+    me = runlock._me()
+    for holder in ({**me, "host": "some-other-host", "pid": dead_pid()}, me):
+        write_remote_lock(memory_run, holder)
+        with pytest.raises(errors.UserError):
+            runlock.RunLock(memory_run, print).acquire()

@@ -1,0 +1,148 @@
+"""Stops a run that would save or ship a broken model: a non-finite loss or gradient norm, and a
+full disk during a checkpoint save, each as one line.
+
+A NaN or Inf loss or gradient norm poisons the LoRA weights at that very update, and every step
+after it trains on them, so the run stops at the first one, before a checkpoint of that step can
+be written. Running the same steps again from the same checkpoint gives the same result (the data
+order and dropout masks are deterministic), so the exit status (EXIT_NON_FINITE) is one the
+training unit does not restart on, and the merge and release units, which follow only a
+successful run, never start.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import os
+import shutil
+import sys
+from typing import Any
+
+from workloads import errors, storage
+
+# Distinct from 0 (done), 2 (bad input) and 143 (SIGTERM after a checkpoint).
+EXIT_NON_FINITE = 3
+
+
+class NonFiniteError(errors.UserError):
+    """The loss or the gradient norm of a step is NaN or infinite."""
+
+    exit_status = EXIT_NON_FINITE
+
+
+def check_step(
+    step: int, loss: float, grad_norm: float, *, resumed_from: int, checkpoint_dir: str
+) -> None:
+    """Raises NonFiniteError when `loss` or `grad_norm` of optimizer step `step` is not finite.
+
+    The message names the step, the values and where the run started from, so the user knows
+    which checkpoint (or none: the base model) reproduces it.
+    """
+    if math.isfinite(loss) and math.isfinite(grad_norm):
+        return
+    origin = (
+        f"resumed from checkpoint step {resumed_from} in {checkpoint_dir}"
+        if resumed_from
+        else "started from the base model (no checkpoint)"
+    )
+    raise NonFiniteError(
+        f"step {step}: loss {loss} and gradient norm {grad_norm} (not finite); this run "
+        f"{origin}; stopped before saving step {step} (lower train.learning_rate or set "
+        "train.max_grad_norm)"
+    )
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether `exc` (or an exception it was raised from) is ENOSPC / EDQUOT, as an OSError or
+    as the message of a wrapped error (Orbax and TensorStore re-raise I/O errors as
+    ValueError/RuntimeError with the OS text)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(current)
+        if "No space left on device" in text or "Disk quota exceeded" in text:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def free_space_text(path: str) -> str:
+    """`12.3 MiB free` for the filesystem holding a local `path` (its nearest existing parent);
+    `free space unknown` for a URL."""
+    if storage.is_remote(path):
+        return "free space unknown"
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    free = shutil.disk_usage(probe).free
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if free >= size:
+            return f"{free / size:.1f} {unit} free"
+    return f"{free} bytes free"
+
+
+def disk_full_error(path: str, kept: list[int]) -> errors.UserError:
+    """The one line for a full disk while writing under `path`; `kept`: the intact checkpoints."""
+    steps = ", ".join(map(str, kept)) if kept else "none"
+    return errors.UserError(
+        f"{path}: disk full while saving a checkpoint ({free_space_text(path)}); earlier "
+        f"checkpoints kept (steps: {steps}); free space or move train.output_dir, then run "
+        "again to resume"
+    )
+
+
+class HeldBackgroundErrors:
+    """Holds the tracebacks of Orbax's and TensorStore's background threads while training runs.
+
+    A failed checkpoint save (a full disk) is reported by every one of its writer threads: absl
+    ERROR records with a traceback, and exceptions that TensorStore's callbacks print through
+    sys.excepthook, hundreds of lines around the one line that says what happened, some of them
+    while the interpreter shuts down. They are held here: dropped (for good, until exit) when the
+    run ends in a one-line error, printed as they were when it ends any other way.
+    """
+
+    def __init__(self) -> None:
+        self.held: list[tuple[str, Any]] = []
+        self.dropping = False
+        # absl: Orbax's writer threads; asyncio: their tasks' errors, logged when collected.
+        self._loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
+        self._excepthook = sys.excepthook
+
+    def __enter__(self) -> HeldBackgroundErrors:
+        for logger in self._loggers:
+            logger.addFilter(self._filter)
+        sys.excepthook = self._hold_exception
+        return self
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if isinstance(exc, errors.UserError):
+            self.dropping = True  # and stay installed: the writer threads may go on failing
+            self.held.clear()
+            return
+        for logger in self._loggers:
+            logger.removeFilter(self._filter)
+        sys.excepthook = self._excepthook
+        for what, item in self.held:
+            if what == "log":
+                print(
+                    logging.Formatter("%(levelname)s:%(name)s:%(message)s").format(item),
+                    file=sys.stderr,
+                )
+            else:
+                self._excepthook(*item)
+        self.held.clear()
+
+    def _filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR or not record.exc_info:
+            return True
+        if not self.dropping:
+            self.held.append(("log", record))
+        return False
+
+    def _hold_exception(self, kind: Any, value: BaseException, tb: Any) -> None:
+        if not self.dropping:
+            self.held.append(("exception", (kind, value, tb)))

@@ -1,0 +1,201 @@
+"""One trainer per run directory: `<output_dir>/train.lock` names the holder (host, pid, since).
+
+Two trainers on one run directory would interleave metrics.jsonl lines, write the same
+checkpoint steps and leave one of them behind, so the second one stops with one line naming the
+holder.
+
+- A local run directory is locked with flock(2) on the lock file: the kernel drops the lock when
+  its process dies, however it dies (SIGKILL, OOM, a reboot), so a stale lock cannot exist; the
+  file's content only names the holder for the message, and the file is removed on release.
+- A gs:// run directory has no such lock, so the lock is the object itself: it is created only
+  if absent (a GCS generation precondition, `ifGenerationMatch=0`), and deleted at the end. A
+  lock left by a process that died is taken over when it was written on this host and that
+  process is gone (another boot of the host, or no live process with that pid and start time):
+  the case of a preempted VM that boots again. It is deleted only if it is still the generation
+  that was judged stale, so two processes taking it over at once cannot both win. A lock held
+  from another host cannot be judged from here: the message says how to remove it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from workloads import errors, runconfig, storage
+
+LOCK_FILE = "train.lock"
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time in clock ticks since boot ('' when unknown or gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            # The command name (field 2) may hold spaces; the fields after its ')' are plain.
+            return handle.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _me() -> dict[str, Any]:
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "start_time": _start_time(os.getpid()),
+        "boot_id": _boot_id(),
+        "since": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def describe(holder: dict[str, Any] | None) -> str:
+    if not holder:
+        return "an unknown holder (unreadable lock)"
+    return (
+        f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')} "
+        f"since {holder.get('since', '?')}"
+    )
+
+
+def is_stale(holder: dict[str, Any] | None) -> bool:
+    """Whether a lock written on this host belongs to a process that no longer runs."""
+    if not holder or holder.get("host") != socket.gethostname():
+        return False
+    if holder.get("boot_id") and holder.get("boot_id") != _boot_id():
+        return True  # written before this host's last boot
+    pid = holder.get("pid")
+    if not isinstance(pid, int):
+        return False
+    started = _start_time(pid)
+    return not started or started != holder.get("start_time")
+
+
+class RunLock:
+    """The lock of one run directory; `acquire` then `release` (or use it as a context)."""
+
+    def __init__(self, output_dir: str, log: Callable[[str], None]):
+        self.output_dir = output_dir
+        self.path = runconfig.join(output_dir, LOCK_FILE)
+        self.log = log
+        self._fd: int | None = None
+        self._mine: bytes | None = None
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def _busy(self, holder: dict[str, Any] | None, hint: str) -> errors.UserError:
+        return errors.UserError(
+            f"{self.output_dir}: another trainer holds {self.path} ({describe(holder)}); {hint}"
+        )
+
+    def acquire(self) -> None:
+        """Takes the lock, or raises.
+
+        Raises:
+            errors.UserError: another live trainer holds it (one line naming the holder).
+        """
+        data = json.dumps(_me()).encode()
+        if storage.is_remote(self.path):
+            self._acquire_remote(data)
+        else:
+            self._acquire_local(data)
+
+    def _acquire_local(self, data: bytes) -> None:
+        import fcntl
+
+        os.makedirs(self.output_dir, exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _parse(os.pread(fd, 4096, 0))
+                os.close(fd)
+                raise self._busy(holder, "stop it first, or use another train.output_dir") from None
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # locked a file its holder removed on release: lock the new one
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+        self._fd = fd
+
+    def _acquire_remote(self, data: bytes) -> None:
+        fs, path = storage.filesystem(self.path)
+        for _ in range(3):
+            try:
+                fs.pipe_file(path, data, mode="create")
+            except FileExistsError:
+                pass
+            else:
+                self._mine = data
+                return
+            try:
+                info = fs.info(path)
+                holder = _parse(bytes(fs.cat_file(path)))
+            except FileNotFoundError:
+                continue  # released between the two calls: try again
+            if not is_stale(holder):
+                raise self._busy(
+                    holder,
+                    "stop it first; if that host no longer runs it, delete the lock "
+                    f"(gcloud storage rm {self.path}) and start again",
+                )
+            self.log(f"note: taking over {self.path} from {describe(holder)}, which no longer runs")
+            with contextlib.suppress(FileNotFoundError, FileExistsError):
+                _delete_if_unchanged(fs, path, info)
+        raise self._busy(None, "it changed hands while this trainer tried to take it")
+
+    def release(self) -> None:
+        """Gives the lock back (a remote lock only while it is still this trainer's)."""
+        if self._fd is not None:
+            # Removed while still locked, then unlocked: a trainer that opened the old file
+            # meanwhile sees it is no longer the lock file's (acquire compares inodes).
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            os.close(self._fd)
+            self._fd = None
+        if self._mine is not None:
+            fs, path = storage.filesystem(self.path)
+            with contextlib.suppress(FileNotFoundError, FileExistsError):
+                if bytes(fs.cat_file(path)) == self._mine:
+                    _delete_if_unchanged(fs, path, fs.info(path))
+            self._mine = None
+
+
+def _parse(raw: bytes) -> dict[str, Any] | None:
+    try:
+        holder = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return holder if isinstance(holder, dict) else None
+
+
+def _delete_if_unchanged(fs: Any, path: str, info: dict[str, Any]) -> None:
+    """Deletes the object only if it is still the generation `info` describes (GCS); stores
+    without generations (other fsspec back ends, in tests) delete it as is."""
+    generation = info.get("generation")
+    if generation is not None and hasattr(fs, "split_path") and hasattr(fs, "call"):
+        bucket, key, _ = fs.split_path(path)
+        fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=str(generation))
+        fs.invalidate_cache(path)
+        return
+    fs.rm_file(path)
