@@ -214,3 +214,17 @@ def test_every_serving_unit_that_can_hang_has_a_finite_start_timeout() -> None:
         "gemma4-bench.service": f"{ready_s + 12 * 3600}s",
         "gemma4-serve-stop.service": "10min",
     }
+
+
+def test_every_training_unit_has_a_finite_start_timeout() -> None:
+    """A hung merge (a stalled bucket read or upload) ends and restarts; none waits forever.
+    The release unit is a oneshot under systemd's default start timeout."""
+    plan = component.plan_units("train", make_run_config(merge=True), PROD)
+    timeouts = {
+        name: _parse(text)["Service"].get("TimeoutStartSec")
+        for name, text in plan.units.items()
+        if name.endswith(".service")
+    }
+    assert "infinity" not in timeouts.values(), timeouts
+    assert timeouts["gemma4-merge.service"] == "4h"
+    assert timeouts["gemma4-train.service"] == "2h"
