@@ -112,7 +112,20 @@ class HeldBackgroundErrors:
         self._loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
         self._excepthook = sys.excepthook
 
+    # The holder left installed by an earlier run in this process (one that ended in a one-line
+    # error stays installed, dropping): a new run replaces it, or its filter would drop the new
+    # run's records before the new holder saw them.
+    _installed: HeldBackgroundErrors | None = None
+
     def __enter__(self) -> HeldBackgroundErrors:
+        previous = HeldBackgroundErrors._installed
+        if previous is not None:
+            for logger in previous._loggers:
+                logger.removeFilter(previous._filter)
+            if sys.excepthook == previous._hold_exception:
+                sys.excepthook = previous._excepthook
+        HeldBackgroundErrors._installed = self
+        self._excepthook = sys.excepthook
         for logger in self._loggers:
             logger.addFilter(self._filter)
         sys.excepthook = self._hold_exception
@@ -125,6 +138,8 @@ class HeldBackgroundErrors:
             return
         for logger in self._loggers:
             logger.removeFilter(self._filter)
+        if HeldBackgroundErrors._installed is self:
+            HeldBackgroundErrors._installed = None
         sys.excepthook = self._excepthook
         for what, item in self.held:
             if what == "log":
