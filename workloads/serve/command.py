@@ -101,15 +101,7 @@ class Container:
                 capture_output=True,
                 check=False,
             )
-            self._proc = subprocess.Popen(
-                self._argv,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                bufsize=1,
-                errors="replace",
-                start_new_session=True,
-            )
+            self._spawn(env=None)
         except FileNotFoundError:
             raise ServeError(
                 f"{self._docker}: not found on PATH; the serving VM's startup "
@@ -117,6 +109,20 @@ class Container:
             ) from None
         self._pump = threading.Thread(target=self._read, name="vllm-log", daemon=True)
         self._pump.start()
+
+    def _spawn(self, env: dict[str, str] | None) -> None:
+        """Starts the child in its own session, its output a line-buffered text pipe (env None:
+        this process's environment)."""
+        self._proc = subprocess.Popen(
+            self._argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            errors="replace",
+            start_new_session=True,
+            env=env,
+        )
 
     def _read(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
@@ -177,16 +183,7 @@ class LocalProcess(Container):
 
     def start(self) -> None:
         try:
-            self._proc = subprocess.Popen(
-                self._argv,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                bufsize=1,
-                errors="replace",
-                start_new_session=True,
-                env={**os.environ, **self._env},
-            )
+            self._spawn(env={**os.environ, **self._env})
         except (FileNotFoundError, PermissionError):
             raise ServeError(
                 f"{self._argv[0]}: no serving engine there; `bash .ci/setup` installs vLLM's CPU "
