@@ -1,8 +1,8 @@
 """The project's wheel, built from pyproject.toml in plain Python: no pip, no setuptools, offline.
 
 Why not `pip wheel`: the recovery controller's Debian 12 venv has pip 23.0.1 and setuptools
-66.1.1 and no `wheel` package, which cannot build this project (pyproject asks for
-setuptools>=69 and wheel); an isolated build would fetch whatever setuptools is newest, and two
+66.1.1 and no `wheel` package, which cannot build this project (pyproject asks for a newer
+setuptools, pinned exactly); building with it would need PyPI at deploy time, and two
 setuptools releases write different METADATA. The deployment fingerprint hashes the wheel's
 contents, so the same source must give the same members wherever it is built (a laptop clone,
 or the controller's copy from the source archive), else every controller `up` restarts the

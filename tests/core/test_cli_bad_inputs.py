@@ -169,6 +169,10 @@ CASES.update(
             ["merge", "--config", _write_config(w), "--checkpoint", str(w["file"])],
             str(w["file"]),
         ),
+        "serve-model-dir-is-a-file": lambda w: (
+            ["serve", "--config", _write_config(w, _set("serve", "model_dir", str(w["file"])))],
+            str(w["file"]),
+        ),
         "eval-problems-is-a-file": lambda w: (
             ["eval", "--problems", str(w["file"]), "--out", str(w["tmp"] / "e")],
             str(w["file"]),

@@ -193,6 +193,17 @@ def test_constraints_pin_every_declared_package_at_the_version_installed_here():
         assert pins[_name(name)] == version, requirement
 
 
+def test_the_build_requirements_are_exact_pins_of_what_is_installed_here():
+    """pip builds the project in an isolated environment that constraints.txt does not reach
+    (the recovery controller's `pip install -e src[infra]`): only an exact pin there makes the
+    build tools of every install the same."""
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    for requirement in requires:
+        name, sep, version = requirement.partition("==")
+        assert sep and version, f"{requirement}: not an exact pin"
+        assert importlib.metadata.version(name) == version, requirement
+
+
 # What the recovery controller (and a laptop that only runs `pulumi up`) installs: the core and
 # the infra extra, never the training stack. These must start without it.
 INFRA_ONLY_MODULES = (

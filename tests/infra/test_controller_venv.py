@@ -2,7 +2,7 @@
 
 The controller (templates/startup/recover.sh.j2) unpacks the source archive and makes a venv
 with Debian 12's `python3 -m venv`: an old pip and setuptools (23.0.1, 66.1.1) and no `wheel`,
-which cannot build this project with setuptools (pyproject asks for setuptools>=69 and wheel).
+which cannot build this project with setuptools (pyproject pins a newer setuptools exactly).
 This test builds a venv of the same kind offline (this Python's ensurepip: pip 23.2.1,
 setuptools 65.5.0, no wheel; the installed third-party packages are reached through a .pth file
 placed after the venv's own site-packages, so the old setuptools is the one that imports), runs

@@ -130,6 +130,26 @@ def test_waiting_for_the_marker(memory_url):
     writer.join()
 
 
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_a_model_path_that_is_a_file_is_one_line_at_once(where, memory_url, tmp_path):
+    """serve.model naming a file (a shard, the index) instead of the merged directory: waiting
+    up to model_wait_timeout_s for markers that can never appear there helps nobody."""
+    if where == "local":
+        url = str(tmp_path / "model.safetensors")
+        pathlib.Path(url).write_bytes(b"weights")
+    else:
+        url = f"{memory_url}/model.safetensors"
+        storage.write_bytes_atomic(url, b"weights")
+    start = time.monotonic()
+    with pytest.raises(staging.StagingError) as info:
+        staging.wait_for_marker(url, timeout_s=30, poll_s=0.05)
+    assert time.monotonic() - start < 5
+    assert str(info.value) == (
+        f"{url}: is a file; serve.model_dir must name the merged model's directory "
+        f"(the one holding {staging.INDEX} and {staging.METADATA})"
+    )
+
+
 def test_compile_cache_round_trip(memory_url, tmp_path):
     remote = f"{memory_url}/xla-cache"
     assert compile_cache.restore(remote, str(tmp_path / "empty")) == 0

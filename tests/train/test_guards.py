@@ -69,11 +69,11 @@ def restore_log_hooks():
 
     loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
     before = [list(logger.filters) for logger in loggers]
-    hook = sys.excepthook
+    hook, unraisable_hook = sys.excepthook, sys.unraisablehook
     yield
     for logger, filters in zip(loggers, before, strict=True):
         logger.filters[:] = filters
-    sys.excepthook = hook
+    sys.excepthook, sys.unraisablehook = hook, unraisable_hook
 
 
 def test_the_cli_exits_3_with_one_line_on_a_non_finite_step(
@@ -137,24 +137,40 @@ def _mount_tmpfs(path, size: str) -> bool:
 
 
 @pytest.mark.slow
-def test_a_real_full_disk_during_a_save(reference_run, config_for, tmp_path):
+def test_a_real_full_disk_during_a_save(reference_run, base_config, tmp_path):
     """The run directory on a small tmpfs, filled up after the first checkpoint (needs root to
-    mount; skipped elsewhere): the save of the last step fails for real inside Orbax."""
+    mount; skipped elsewhere): the save of the last step fails for real inside Orbax and
+    TensorStore, in the CLI as a user runs it. stderr holds the one line and nothing else (the
+    writer threads' ~100 tracebacks, some through sys.unraisablehook, are dropped)."""
+    import json
+    import os
     import shutil
+    import sys
 
-    from workloads.train import checkpoints, trainer
+    from workloads.train import checkpoints
 
     mount = tmp_path / "small"
     if not _mount_tmpfs(mount, "8m"):
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
         run = damage.copy_run(reference_run.checkpoint_dir, mount / "run", keep=[SAVE_EVERY])
+        config = dict(base_config, train=dict(base_config["train"], output_dir=str(run)))
+        config_file = tmp_path / "run.json"  # YAML is a superset of JSON
+        config_file.write_text(json.dumps(config))
         free = shutil.disk_usage(mount).free
         (mount / "filler").write_bytes(b"\0" * max(free - 64 * 1024, 0))
-        with pytest.raises(errors.UserError) as info:
-            trainer.train(config_for(run), log=lambda line: None)
-        message = str(info.value)
-        assert "disk full" in message and "\n" not in message, message
+        proc = subprocess.run(
+            [sys.executable, "-m", "workloads", "train", "--config", str(config_file)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "JAX_PLATFORMS": "cpu"},
+            timeout=600,
+            check=False,
+        )
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2, proc.stderr
+        assert len(lines) == 1, proc.stderr[-3000:]
+        assert lines[0].startswith(f"error: {run / 'checkpoints'}: disk full while saving"), lines
         assert checkpoints.saved_steps(str(run / "checkpoints")) == [SAVE_EVERY]
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
@@ -207,24 +223,40 @@ def test_background_tracebacks_are_dropped_after_a_one_line_error_and_shown_othe
                 )
             )
 
-    hook = sys.excepthook
+    class Callback:
+        # What reaches sys.unraisablehook: an error no caller can receive (TensorStore's
+        # writer callbacks use PyErr_WriteUnraisable; a failing __del__ takes the same path).
+        def __del__(self):
+            raise OSError(28, "a TensorStore callback on a closed loop")
+
+    def unraisable_failure():
+        Callback()
+
+    # Python's own printing hook, as in the CLI's process (pytest installs one that warns).
+    sys.unraisablehook = sys.__unraisablehook__
+    hook, unraisable_hook = sys.excepthook, sys.unraisablehook
     try:
         with pytest.raises(errors.UserError), guards.HeldBackgroundErrors() as held:
             background_failure()
+            unraisable_failure()
             raise errors.UserError("disk full")
         background_failure()  # a writer thread still failing after the error line: dropped
+        unraisable_failure()
         assert not [r for r in caplog.records if r.name == "absl"]
+        assert capsys.readouterr().err == ""
     finally:  # what the end of the process does
         for logger in held._loggers:
             logger.removeFilter(held._filter)
-        sys.excepthook = hook
+        sys.excepthook, sys.unraisablehook = hook, unraisable_hook
 
     with pytest.raises(RuntimeError), guards.HeldBackgroundErrors() as held:
         background_failure()
+        unraisable_failure()
         assert not [r for r in caplog.records if r.name == "absl"]  # held while it runs
-        assert len(held.held) == 1
+        assert len(held.held) == 2
         raise RuntimeError("an unexpected failure")
     err = capsys.readouterr().err
     assert "ERROR:absl:_SignalingThread.run() raised an exception" in err
     assert "ValueError: No space left on device" in err
-    assert sys.excepthook is hook
+    assert "OSError: [Errno 28] a TensorStore callback on a closed loop" in err
+    assert sys.excepthook is hook and sys.unraisablehook is unraisable_hook

@@ -8,6 +8,8 @@ needed: every array is restored as a numpy array in host memory, whatever mesh w
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from workloads import adapter_meta, errors, runconfig, storage
@@ -71,6 +73,23 @@ def _name(path: tuple[object, ...]) -> str:
     return ".".join(parts)
 
 
+class _NoItemLevelMetadataNote(logging.Filter):
+    """Drops Orbax's warning that `<item>/_CHECKPOINT_METADATA` does not exist: that file is
+    written once per step (`<step>/_CHECKPOINT_METADATA`, which resume checks), never per item,
+    so reading an item on its own warns every time, about nothing wrong, on every resume and
+    merge."""
+
+    def __init__(self, item: str):
+        super().__init__()
+        self.item = item.rstrip("/")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            record.msg == "Metadata file does not exist: %s"
+            and str(record.args[0] if record.args else "").startswith(self.item)
+        )
+
+
 def read_item(item: str) -> dict[str, np.ndarray]:
     """Every array of one Orbax PyTree item (`<step>/model_params`, `<step>/optimizer_state`)
     onto the host, by flat name, whatever mesh wrote it.
@@ -83,6 +102,9 @@ def read_item(item: str) -> dict[str, np.ndarray]:
     import orbax.checkpoint as ocp
 
     checkpointer = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())
+    quiet = _NoItemLevelMetadataNote(item)
+    absl_logger = logging.getLogger("absl")
+    absl_logger.addFilter(quiet)
     try:
         metadata = checkpointer.metadata(item)
         if metadata is None or getattr(metadata, "item_metadata", None) is None:
@@ -95,6 +117,7 @@ def read_item(item: str) -> dict[str, np.ndarray]:
             item, args=ocp.args.PyTreeRestore(restore_args=restore_args)
         )
     finally:
+        absl_logger.removeFilter(quiet)
         checkpointer.close()
     return {
         _name(path): np.asarray(leaf)

@@ -74,8 +74,15 @@ def wait_for_marker(
         True when the marker is there, False when `cancelled()` became true first.
 
     Raises:
-        StagingError: not there after timeout_s seconds.
+        StagingError: not there after timeout_s seconds, or model_dir is a file (waiting would
+            never end well: the merge writes a directory there).
     """
+    fs, root = _fs(model_dir)
+    if fs.isfile(root):
+        raise StagingError(
+            f"{model_dir}: is a file; serve.model_dir must name the merged model's directory "
+            f"(the one holding {INDEX} and {METADATA})"
+        )
     deadline = clock() + timeout_s
     announced = False
     while True:

@@ -100,7 +100,9 @@ class HeldBackgroundErrors:
 
     A failed checkpoint save (a full disk) is reported by every one of its writer threads: absl
     ERROR records with a traceback, and exceptions that TensorStore's callbacks print through
-    sys.excepthook, hundreds of lines around the one line that says what happened, some of them
+    sys.excepthook or, with no object to name, sys.unraisablehook (a bare traceback per writer
+    callback that finds Orbax's event loop already closed: about 100 of them after a real full
+    disk), hundreds of lines around the one line that says what happened, some of them
     while the interpreter shuts down. They are held here: dropped (for good, until exit) when the
     run ends in a one-line error, printed as they were when it ends any other way.
     """
@@ -111,6 +113,7 @@ class HeldBackgroundErrors:
         # absl: Orbax's writer threads; asyncio: their tasks' errors, logged when collected.
         self._loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
         self._excepthook = sys.excepthook
+        self._unraisablehook = sys.unraisablehook
 
     # The holder left installed by an earlier run in this process (one that ended in a one-line
     # error stays installed, dropping): a new run replaces it, or its filter would drop the new
@@ -124,11 +127,15 @@ class HeldBackgroundErrors:
                 logger.removeFilter(previous._filter)
             if sys.excepthook == previous._hold_exception:
                 sys.excepthook = previous._excepthook
+            if sys.unraisablehook == previous._hold_unraisable:
+                sys.unraisablehook = previous._unraisablehook
         HeldBackgroundErrors._installed = self
         self._excepthook = sys.excepthook
+        self._unraisablehook = sys.unraisablehook
         for logger in self._loggers:
             logger.addFilter(self._filter)
         sys.excepthook = self._hold_exception
+        sys.unraisablehook = self._hold_unraisable
         return self
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
@@ -141,12 +148,15 @@ class HeldBackgroundErrors:
         if HeldBackgroundErrors._installed is self:
             HeldBackgroundErrors._installed = None
         sys.excepthook = self._excepthook
+        sys.unraisablehook = self._unraisablehook
         for what, item in self.held:
             if what == "log":
                 print(
                     logging.Formatter("%(levelname)s:%(name)s:%(message)s").format(item),
                     file=sys.stderr,
                 )
+            elif what == "unraisable":
+                self._unraisablehook(item)
             else:
                 self._excepthook(*item)
         self.held.clear()
@@ -161,3 +171,7 @@ class HeldBackgroundErrors:
     def _hold_exception(self, kind: Any, value: BaseException, tb: Any) -> None:
         if not self.dropping:
             self.held.append(("exception", (kind, value, tb)))
+
+    def _hold_unraisable(self, unraisable: Any) -> None:
+        if not self.dropping:
+            self.held.append(("unraisable", unraisable))
