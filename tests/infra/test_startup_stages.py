@@ -20,7 +20,7 @@ import pytest
 
 from infra import stack_config, startup, templating
 from tests.fixtures import pulumi_mocks
-from tests.infra.test_startup_idempotent import _run
+from tests.infra.test_startup_idempotent import _functions, _run
 from workloads import stages
 
 DIGEST_KEY = "requirements_digest"
@@ -354,3 +354,30 @@ def test_other_workers_upload_nothing(vm):
     rc, output = vm.run("start_uploads 1")
     assert rc == 0, output
     assert vm.calls("systemd-run-calls") == [] and vm.calls() == []
+
+
+def test_without_a_copy_of_the_script_nothing_starts_and_the_boot_goes_on(vm):
+    _fresh_venv(vm)
+    (vm.state / "startup.sh").unlink()
+    rc, output = vm.run("start_uploads 0")
+    assert rc == 0, output
+    assert f"{vm.state / 'startup.sh'} is missing: gemma4-uploads not started" in output
+    assert vm.calls("systemd-run-calls") == []
+
+
+def test_the_boot_keeps_the_script_it_runs_for_the_uploads(vm, tmp_path):
+    """Run as the guest agent runs it ($0 is the script's file), the script keeps a copy."""
+    (vm.state / "startup.sh").unlink()
+    script = tmp_path / "startup-script"
+    script.write_text(_functions(vm.script) + "keep_script\n")
+    proc = subprocess.run(
+        ["bash", str(script)],
+        capture_output=True,
+        text=True,
+        env={"PATH": f"{vm.root / 'bin'}:/usr/bin:/bin", "FAKE_GCS": str(vm.root / "gcs")},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    kept = vm.state / "startup.sh"
+    assert kept.read_text() == script.read_text()
+    assert kept.stat().st_mode & 0o777 == 0o700

@@ -322,10 +322,21 @@ begin() {
   stage_start boot "$(kernel_boot_time)"
   stage_end true
   log "boot started (project $PROJECT)"
+  keep_script
+}
+
+# A copy of this script for the jobs after ready: the file the guest agent runs, else the
+# metadata server's startup-script (the same text). Without one, nothing runs after ready.
+keep_script() {
   if [ -f "$0" ] && [ "$0" != "$SCRIPT_COPY" ]; then
     install -m 0700 "$0" "$SCRIPT_COPY.tmp"
-    mv "$SCRIPT_COPY.tmp" "$SCRIPT_COPY"
+  elif ! curl -fsS -H 'Metadata-Flavor: Google' -o "$SCRIPT_COPY.tmp" \
+    'http://metadata.google.internal/computeMetadata/v1/instance/attributes/startup-script'; then
+    log "could not keep a copy of this script in $SCRIPT_COPY: no uploads after ready"
+    return 0
   fi
+  chmod 0700 "$SCRIPT_COPY.tmp"
+  mv "$SCRIPT_COPY.tmp" "$SCRIPT_COPY"
 }
 
 finish() {
@@ -339,6 +350,10 @@ finish() {
 # service ends, and may kill, what it started when the script exits) and its log is in the
 # journal and $LOG_FILE. A job already running is left alone.
 in_background() {
+  if [ ! -f "$SCRIPT_COPY" ]; then
+    log "$SCRIPT_COPY is missing: gemma4-$1 not started (the next boot tries again)"
+    return 0
+  fi
   if systemctl is-active --quiet "gemma4-$1.service" 2>/dev/null; then
     log "gemma4-$1 is already running"
     return 0
