@@ -12,6 +12,10 @@ step, before each checkpoint save and when it ends; train_summary.json totals th
 time of a preempted and resumed run covers all its processes and its tokens count each step of
 the final trajectory once.
 
+The stages of set-up and loop (data, load, compile, first_step) are stage records
+(workloads.stages): on a VM appended to the host's file next to the startup script's, which
+`ops status` shows; train_summary.json keeps the boot's stages.
+
 One module on purpose (~560 lines): the phases of a run (set up, restore, loop, summary) share the
 run's state and its checkpoint hooks; the step, the data stream, checkpoints and metrics are their
 own modules.
