@@ -28,7 +28,7 @@ from infra.stack_outputs import (
     release_message,
     vm_info,
 )
-from workloads import errors
+from workloads import errors, stages
 
 ROLES = ("train", "serve")
 
@@ -62,14 +62,34 @@ def _each(info: VmInfo, fn: Callable[[int, fabric.Connection], Any]) -> list[Any
 
 def tpu_state(info: VmInfo, client_factory: Callable[[], Any] | None = None) -> str:
     """The TPU node's state (READY, PREEMPTED, ...) from the Cloud TPU API, or why it is unknown."""
+    return tpu_state_and_creation(info, client_factory)[0]
+
+
+def _timestamp(value: Any) -> float | None:
+    """A node's create_time (a datetime from proto-plus, or a protobuf Timestamp) as Unix time."""
+    if value is None:
+        return None
+    if hasattr(value, "timestamp"):
+        return float(value.timestamp())
+    seconds = getattr(value, "seconds", None)
+    if isinstance(seconds, int) and seconds > 0:
+        return seconds + getattr(value, "nanos", 0) / 1e9
+    return None
+
+
+def tpu_state_and_creation(
+    info: VmInfo, client_factory: Callable[[], Any] | None = None
+) -> tuple[str, float | None]:
+    """tpu_state, and when the node was created (Unix time; None when unknown)."""
     if not (info.project and info.zone):
-        return "unknown (no project/zone in the stack outputs)"
+        return "unknown (no project/zone in the stack outputs)", None
     name = tpu_api.node_path(info.project, info.zone, info.vm)
     try:
         client = tpu_api.new_client(client_factory)
         node = client.get_node(name=name)
     except Exception as exc:
-        return f"unknown ({errors.exception_line(exc)})"
+        return f"unknown ({errors.exception_line(exc)})", None
+    created = _timestamp(getattr(node, "create_time", None))
     parts = [tpu_api.state_name(node)]
     health = getattr(getattr(node, "health", None), "name", None)
     if health and health != "HEALTH_UNSPECIFIED":
@@ -77,7 +97,7 @@ def tpu_state(info: VmInfo, client_factory: Callable[[], Any] | None = None) -> 
     queued = tpu_api.queued_state(client, node)
     if queued:
         parts.append(queued)
-    return ", ".join(parts)
+    return ", ".join(parts), created
 
 
 def unit_states(conn: fabric.Connection, info: VmInfo) -> list[dict[str, str]]:
@@ -105,6 +125,39 @@ def unit_states(conn: fabric.Connection, info: VmInfo) -> list[dict[str, str]]:
         fields = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
         states.append({"unit": unit, **fields})
     return states
+
+
+def stage_lines(conn: fabric.Connection, info: VmInfo, created: float | None) -> list[str]:
+    """The worker's stages of its latest boot (workloads.stages, the file the startup script,
+    the uploads and the trainer append to), one line each. create-to-boot (the node's creation
+    to its kernel's start) is shown for the node's first boot only: the file lives on the
+    node's disk, so a single boot id in it means this boot is the first since creation."""
+    path = remote.RemoteLayout(info.remote_root).stages_file
+    script = 'if [ -e "$0" ]; then cat "$0"; fi'
+    text = remote.run(conn, "stages", _sudo(["sh", "-c", script, path], info)).stdout
+    records = stages.parse(text)
+    rows = stages.summarise(records)
+    if not rows:
+        return [f"no stages recorded yet ({path})"]
+    lines = []
+    boot = next((row for row in rows if row["stage"] == "boot"), None)
+    first_boot = len({r.get("boot") for r in records}) == 1
+    if created is not None and boot is not None and first_boot and boot["start"] >= created:
+        lines.append(f"create-to-boot  {boot['start'] - created:.1f} s (Cloud TPU API createTime)")
+    return lines + stages.format_rows(rows)
+
+
+def _worker_status(
+    conn: fabric.Connection, info: VmInfo, created: float | None
+) -> tuple[list[dict[str, str]], list[str]]:
+    """unit_states and stage_lines of one worker, over its one connection in turn; stages that
+    cannot be read are one line, not a worker shown as unreachable."""
+    units = unit_states(conn, info)
+    try:
+        lines = stage_lines(conn, info, created)
+    except Exception as exc:
+        lines = [f"cannot read them: {errors.exception_line(exc)}"]
+    return units, lines
 
 
 def last_metrics(info: VmInfo, conn: fabric.Connection | None) -> str:
@@ -142,20 +195,23 @@ def last_metrics(info: VmInfo, conn: fabric.Connection | None) -> str:
 def status(
     info: VmInfo, out: TextIO, *, tpu_client_factory: Callable[[], Any] | None = None
 ) -> int:
-    """Prints TPU state, unit states per worker and the last training step; 1 if a unit failed."""
+    """Prints TPU state, unit states and the latest boot's stages per worker (boot to first
+    step: workloads.stages) and the last training step; 1 if a unit failed."""
     where = f" in {info.zone}" if info.zone else ""
-    print(f"{info.role} VM {info.vm}{where}: TPU {tpu_state(info, tpu_client_factory)}", file=out)
+    state, created = tpu_state_and_creation(info, tpu_client_factory)
+    print(f"{info.role} VM {info.vm}{where}: TPU {state}", file=out)
     conns = _connections(info)
     failed = False
     try:
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(conns)) as pool:
-            futures = [pool.submit(unit_states, c, info) for c in conns]
+            futures = [pool.submit(_worker_status, c, info, created) for c in conns]
         for index, fut in enumerate(futures):
             exc = fut.exception()
             if exc is not None:
                 print(f"  {info.label(index)} unreachable: {exc}", file=out)
                 continue
-            for st in fut.result():
+            units, stage_text = fut.result()
+            for st in units:
                 failed |= st.get("ActiveState") == "failed"
                 print(
                     f"  {info.label(index)} {st['unit']}: {st.get('ActiveState', '?')} "
@@ -163,6 +219,9 @@ def status(
                     f"result {st.get('Result', '?')}",
                     file=out,
                 )
+            print(f"  {info.label(index)} stages of the latest boot:", file=out)
+            for line in stage_text:
+                print(f"    {line}", file=out)
         if info.role == "train":
             reachable = next(
                 (c for c, f in zip(conns, futures, strict=True) if f.exception() is None), None
@@ -316,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
         return p
 
-    add("status", "TPU state, unit state per worker, last training step and loss", "train")
+    add("status", "TPU state, units and boot stages per worker, last step and loss", "train")
     sub.add_parser(
         "cost",
         help="what the stack runs now, its hourly price and about what it has cost",

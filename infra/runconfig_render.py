@@ -2,6 +2,8 @@
 
 Bucket layout (one bucket per VM region; see StackConfig.training_bucket_name):
     models/<model>/                 base model (HF layout), staged to /dev/shm on the VMs
+    models/<model>.complete         written last by the hub download's upload (the copy is whole)
+    venv/train-<digest>.tar.gz      the training venv for one lock digest, + .sha256 written last
     data/codev-r1.jsonl             training data (default location)
     checkpoints/<run>/              the run dir: checkpoints/, metrics.jsonl, tensorboard/
     compile-cache/jax/              persistent JAX compilation cache (scratch: lifecycle-deleted)
@@ -32,6 +34,12 @@ def base_model_uri(cfg: config_mod.StackConfig) -> str:
 def base_model_marker_uri(cfg: config_mod.StackConfig) -> str:
     """Written after the hub download finished uploading (the model is complete in the bucket)."""
     return base_model_uri(cfg) + ".complete"
+
+
+def venv_archive_uri(cfg: config_mod.StackConfig, digest: str) -> str:
+    """The training VM's venv packed by the first VM that installed it, keyed by the digest of
+    the pins and the lock: another pin is another archive."""
+    return gs(cfg.training_bucket_name, "venv", f"train-{digest}.tar.gz")
 
 
 def run_dir_uri(cfg: config_mod.StackConfig) -> str:

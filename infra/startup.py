@@ -17,7 +17,7 @@ from typing import Any
 from infra import config as config_mod
 from infra import runconfig_render, sizing, templating
 from infra.remote.layout import WORKER
-from workloads import catalog, runconfig
+from workloads import catalog, runconfig, stages
 
 PYTHON = "python3.11"
 # The worker paths the deploy steps use too (one definition, in infra/remote/layout.py).
@@ -26,8 +26,13 @@ READY_MARKER = WORKER.ready_marker
 ENV_FILE = WORKER.env_file
 RUN_CONFIG_PATH = WORKER.config_path
 LOG_FILE = WORKER.startup_log
+STAGES_FILE = WORKER.stages_file
+SCRIPT_COPY = WORKER.startup_script_copy
 TMPDIR = "/dev/shm"
 HF_HOME = "/dev/shm/huggingface"
+# Files `hf download` fetches at once: more than a Gemma 4 31B checkpoint's shards, so all of
+# them download in parallel (the client's default is 8).
+HF_MAX_WORKERS = 16
 LIBTPU_FIND_LINKS = "https://storage.googleapis.com/jax-releases/libtpu_releases.html"
 
 CONSTRAINTS_FILE = pathlib.Path(__file__).resolve().parent.parent / "constraints.txt"
@@ -158,24 +163,34 @@ def _common(
         "ready_marker": READY_MARKER,
         "env_file": ENV_FILE,
         "log_file": LOG_FILE,
+        "state_dir": WORKER.state_dir,
+        "stages_file": STAGES_FILE,
+        "script_copy": SCRIPT_COPY,
         "tmpdir": TMPDIR,
+        # The serving venv is two small packages: pip is as fast as an archive there.
+        "venv_archive_uri": "",
     }
 
 
 def train_context(cfg: config_mod.StackConfig, *, has_hf_secret: bool) -> dict[str, Any]:
     """Variables of templates/startup/train.sh.j2."""
     acc = catalog.accelerator(cfg.training.accelerator)
+    requirements = train_requirements()
     env = [
         f"TMPDIR={TMPDIR}",
         f"HF_HOME={HF_HOME}",
         "GEMMA4_ROLE=train",
+        f"{stages.STAGES_ENV}={STAGES_FILE}",
         f"GEMMA4_RUN_CONFIG={RUN_CONFIG_PATH}",
         f"GEMMA4_VENV={VENV_DIR}",
         f"GEMMA4_HOSTS={acc.hosts}",
         f"JAX_COMPILATION_CACHE_DIR={runconfig_render.train_compile_cache_uri(cfg)}",
     ]
+    common = _common(cfg, "train", requirements)
     return {
-        **_common(cfg, "train", train_requirements()),
+        **common,
+        "venv_archive_uri": runconfig_render.venv_archive_uri(cfg, common["requirements_digest"]),
+        "hf_max_workers": HF_MAX_WORKERS,
         "env_lines": env,
         "hosts": acc.hosts,
         "stage_dir": cfg.model.stage_dir.rstrip("/"),

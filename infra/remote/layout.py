@@ -96,6 +96,17 @@ class RemoteLayout:
         return posixpath.join(self.state_dir, "ready")
 
     @property
+    def stages_file(self) -> str:
+        """Stage records of every boot (workloads/stages.py): the startup script's, the uploads'
+        after ready and the trainer's, one JSON line each."""
+        return posixpath.join(self.state_dir, "stages.jsonl")
+
+    @property
+    def startup_script_copy(self) -> str:
+        """The startup script as the last boot ran it: the background uploads run it again."""
+        return posixpath.join(self.state_dir, "startup.sh")
+
+    @property
     def state_file(self) -> str:
         return posixpath.join(self.state_dir, "deployed.json")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import http.server
 import io
 import json
@@ -19,6 +20,7 @@ import pytest
 from infra import ops, ssh_access
 from infra.deployment_record import VmInfo
 from tests.fixtures.sshd import Worker
+from workloads import stages
 
 
 def _info(workers: list[Worker], **extra: Any) -> dict[str, Any]:
@@ -46,6 +48,10 @@ def _outputs(tmp_path: pathlib.Path, **deployments: dict[str, Any]) -> str:
     return str(path)
 
 
+# When the fake node was created (its create_time, a datetime as proto-plus gives it).
+CREATED = datetime.datetime(2026, 11, 25, 14, 0, 0, tzinfo=datetime.UTC)
+
+
 class FakeTpu:
     """The Cloud TPU API boundary: get_node(name=...) -> a node with a state enum."""
 
@@ -54,7 +60,9 @@ class FakeTpu:
     def get_node(self, *, name: str) -> Any:
         FakeTpu.calls.append(name)
         return types.SimpleNamespace(
-            state=types.SimpleNamespace(name="READY"), health=types.SimpleNamespace(name="HEALTHY")
+            state=types.SimpleNamespace(name="READY"),
+            health=types.SimpleNamespace(name="HEALTHY"),
+            create_time=CREATED,
         )
 
 
@@ -94,6 +102,36 @@ def test_status_shows_tpu_state_units_and_last_step(
     assert f"[gemma4-train w0 {worker.host}] gemma4-merge.service: inactive (dead)" in out
     assert f"last step 42: loss 0.9877 ({run}/metrics.jsonl)" in out
     assert "recovered by" not in out
+    stages_file = worker.root / "var" / "lib" / "gemma4" / "stages.jsonl"
+    assert f"    no stages recorded yet ({stages_file})" in out
+
+    # The stages the startup script and the trainer recorded: the node's first boot shows its
+    # create-to-boot time from the Cloud TPU API.
+    created = CREATED.timestamp()
+    log = stages.StageLog(str(stages_file), "startup", boot="boot-1")
+    log.start("boot", at=created + 95.0)
+    log.end("boot", seconds=20.0)
+    log.start("venv", at=created + 115.0)
+    log.end("venv", seconds=8.5, note="restored from gs://b/venv/train-0123.tar.gz")
+    stages.StageLog(str(stages_file), "trainer", boot="boot-1").start("compile")
+    code, out, _ = _main(["--outputs", outputs, "status"], capsys, tpu_client_factory=FakeTpu)
+    label = f"[gemma4-train w0 {worker.host}]"
+    lines = out[out.index(f"  {label} stages of the latest boot:") :].splitlines()
+    assert lines[1] == "    create-to-boot  95.0 s (Cloud TPU API createTime)"
+    assert lines[2] == "    boot            started 14:01:35 UTC  20.0 s"
+    assert lines[3] == (
+        "    venv            started 14:01:55 UTC  8.5 s  (restored from gs://b/venv/train-0123.tar.gz)"
+    )
+    assert lines[4].startswith("    compile         started ") and "running for" in lines[4]
+
+    # A later boot of the same node: its stages only, and no create-to-boot (not its first).
+    later = stages.StageLog(str(stages_file), "startup", boot="boot-2")
+    later.start("boot", at=created + 7200.0)
+    later.end("boot", seconds=30.0)
+    code, out, _ = _main(["--outputs", outputs, "status"], capsys, tpu_client_factory=FakeTpu)
+    lines = out[out.index(f"  {label} stages of the latest boot:") :].splitlines()
+    assert lines[1] == "    boot            started 16:00:00 UTC  30.0 s"
+    assert lines[2].startswith("  last step 42")
 
     # With a recovery controller, status says who recovers the VM and where its log is.
     document = json.loads(pathlib.Path(outputs).read_text())

@@ -268,3 +268,53 @@ def test_a_multi_segment_training_is_priced_on_its_totals(summaries, tmp_path):
         "- training ran in 2 segments (stopped and resumed): wall time and cost cover all of "
         "them (1262 steps run for 1244 kept)" in md
     )
+
+
+def test_the_report_keeps_the_stages_from_boot_to_the_first_step(summaries, tmp_path):
+    summary = json.loads(summaries["train"].read_text())
+    t0 = 1_764_079_200.0  # 2025-11-25 14:00:00 UTC
+    summary["stages"] = [
+        {"stage": "boot", "source": "startup", "start": t0, "seconds": 20.0, "state": "done"},
+        {
+            "stage": "venv",
+            "source": "startup",
+            "start": t0 + 20,
+            "seconds": 8.5,
+            "state": "done",
+            "note": "restored from gs://b/venv/train-0123.tar.gz",
+        },
+        {"stage": "load", "source": "trainer", "start": t0 + 60, "seconds": 45.0, "state": "done"},
+        {"stage": "compile", "source": "trainer", "start": t0 + 105, "seconds": 250.0},
+        {"stage": "first_step", "source": "trainer", "start": t0 + 105, "seconds": 262.5},
+    ]
+    summary["stages"][3]["state"] = summary["stages"][4]["state"] = "done"
+    summaries["train"].write_text(json.dumps(summary))
+    out = tmp_path / "report"
+    argv = ["report", "--train-summary", str(summaries["train"]), "--out", str(out)]
+    assert cli.main(argv) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert [row["stage"] for row in report["stages"]] == [
+        "boot",
+        "venv",
+        "load",
+        "compile",
+        "first_step",
+    ]
+    md = (out / "report.md").read_text()
+    assert "### From boot to the first step" in md
+    assert (
+        "| venv | startup | 2025-11-25 14:00:20 | 8.5 | "
+        "restored from gs://b/venv/train-0123.tar.gz |" in md
+    )
+    assert "| compile | trainer | 2025-11-25 14:01:45 | 250.0 |  |" in md
+    assert "Kernel start to the end of the first training step: 367.5 s." in md
+
+
+def test_a_bad_stage_row_is_one_line(summaries, tmp_path, capsys):
+    summary = json.loads(summaries["train"].read_text())
+    summary["stages"] = [{"stage": "boot", "start": "yesterday", "state": "done"}]
+    summaries["train"].write_text(json.dumps(summary))
+    argv = ["report", "--train-summary", str(summaries["train"]), "--out", str(tmp_path / "r")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "stages" in err and "yesterday" in err and "Traceback" not in err

@@ -8,6 +8,7 @@ reference run unless it is about one of them, so XLA compiles the train step onc
 from __future__ import annotations
 
 import copy
+import os
 import pathlib
 from typing import Any
 
@@ -77,7 +78,17 @@ def config_for(base_config):
 def reference_run(config_for, tmp_path_factory):
     """An uninterrupted in-process run of the base config: 8 steps on a tensor-parallel mesh
     (fsdp=1, tp=2, the production layout at toy scale), checkpoints at 4 and 8."""
+    from workloads import stages
     from workloads.train import trainer
 
     out = tmp_path_factory.mktemp("reference") / "run"
-    return trainer.train(config_for(out), log=lambda line: None)
+    # As on a VM: the startup script recorded its stages in the host's file before the trainer.
+    stages_file = out.parent / "stages.jsonl"
+    startup = stages.StageLog(str(stages_file), "startup")
+    startup.start("venv")
+    startup.end("venv", note="restored from gs://b/venv/train-0123.tar.gz")
+    os.environ[stages.STAGES_ENV] = str(stages_file)
+    try:
+        return trainer.train(config_for(out), log=lambda line: None)
+    finally:
+        del os.environ[stages.STAGES_ENV]

@@ -84,6 +84,43 @@ def test_loss_decreases_and_outputs_are_written(reference_run):
     assert (meta["rank"], meta["alpha"]) == (4, 8.0)
 
 
+def test_stages_from_boot_to_first_step_are_in_the_hosts_file_and_the_summary(reference_run):
+    """The trainer appends data, load, compile and first_step to the host's stage records
+    (next to what the startup script wrote), and train_summary.json keeps the boot's stages."""
+    from workloads import stages
+
+    run = pathlib.Path(reference_run.checkpoint_dir).parent
+    records = stages.read_records(str(run.parent / "stages.jsonl"))
+    trainer_records = [r for r in records if r["source"] == "trainer"]
+    assert [(r["stage"], r["event"]) for r in trainer_records] == [
+        ("data", "start"),
+        ("data", "end"),
+        ("load", "start"),
+        ("load", "end"),
+        ("compile", "start"),
+        ("first_step", "start"),
+        ("compile", "end"),
+        ("first_step", "end"),
+    ]
+    summary = json.loads((run / "train_summary.json").read_text())
+    rows = {row["stage"]: row for row in summary["stages"]}
+    assert [row["stage"] for row in summary["stages"]] == [
+        "venv",
+        "data",
+        "load",
+        "compile",
+        "first_step",
+    ]
+    assert all(row["state"] == "done" for row in summary["stages"])
+    assert rows["venv"]["note"] == "restored from gs://b/venv/train-0123.tar.gz"
+    # compile is the time JAX spent compiling up to the first step: part of that step's wall
+    # time and of the run's total compile time.
+    assert 0 < rows["compile"]["seconds"] <= rows["first_step"]["seconds"]
+    assert rows["compile"]["seconds"] <= summary["compile_seconds"]
+    assert rows["compile"]["start"] == rows["first_step"]["start"] >= rows["load"]["start"]
+    assert rows["first_step"]["start"] + rows["first_step"]["seconds"] <= time.time()
+
+
 def test_restarting_a_finished_run_changes_nothing(reference_run, config_for):
     from workloads.train import trainer
 

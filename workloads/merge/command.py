@@ -63,9 +63,10 @@ def _from_config(args: argparse.Namespace) -> None:
         if cfg.merge is None:
             raise errors.UserError(f"{args.config}: merge: the run config has no merge section")
         if not args.base:
-            from workloads import model
+            from workloads import model, staged_base
 
-            args.base = str(model.stage(cfg.model.base, cfg.model.stage_dir))
+            base = staged_base.model_dir(cfg.model.base, cfg.model.stage_dir)
+            args.base = str(model.stage(base, cfg.model.stage_dir))
         args.checkpoint = args.checkpoint or cfg.train.checkpoint_dir
         args.out = args.out or cfg.merge.out
         args.step = cfg.merge.step if args.step is None else args.step

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -183,13 +184,17 @@ def main(args: argparse.Namespace) -> int:
             "outcomes": _outcome_counts(eval_summary),
         },
         "eval": eval_summary,
+        "stages": (train_summary or {}).get("stages"),
         "notes": notes,
     }
     storage.write_text_atomic(
         runconfig.join(out, "report.json"), json.dumps(report, indent=2) + "\n"
     )
     storage.write_text_atomic(
-        runconfig.join(out, "report.md"), render_markdown(platforms, found, eval_summary, notes)
+        runconfig.join(out, "report.md"),
+        render_markdown(
+            platforms, found, eval_summary, notes, stage_rows=(train_summary or {}).get("stages")
+        ),
     )
     print(f"report: wrote {out}/report.md", file=sys.stderr)
     return 0
@@ -208,11 +213,43 @@ def _gap(platform: costs.Platform) -> str:
     return MISSING if platform.label == costs.OURS else NOT_REPORTED
 
 
+def _stage_lines(rows: list[dict[str, Any]] | None) -> list[str]:
+    """The boot that trained, stage by stage (train_summary.json `stages`), and its time from
+    the kernel's start to the end of the first step."""
+    if not rows:
+        return []
+    lines = [
+        "",
+        "### From boot to the first step",
+        "",
+        "Stages of the VM boot that trained, as its startup script and the trainer recorded "
+        "them (compile: time JAX spent compiling, part of the first step).",
+        "",
+        "| stage | source | started (UTC) | seconds | note |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["start"]))
+        took = _num(row.get("seconds"), "{:,.1f}")
+        if row.get("state") not in (None, "done"):
+            took += f" ({row['state']})"
+        note = str(row.get("note") or "").replace("|", "\\|")
+        source = row.get("source") or ""
+        lines.append(f"| {row['stage']} | {source} | {started} | {took} | {note} |")
+    by = {row["stage"]: row for row in rows}
+    boot, first = by.get("boot"), by.get("first_step")
+    if boot and first and first.get("seconds") is not None:
+        total = first["start"] + first["seconds"] - boot["start"]
+        lines += ["", f"Kernel start to the end of the first training step: {total:,.1f} s."]
+    return lines
+
+
 def render_markdown(
     platforms: list[costs.Platform],
     found: dict[str, str | None],
     eval_summary: dict[str, Any] | None,
     notes: list[str],
+    stage_rows: list[dict[str, Any]] | None = None,
 ) -> str:
     """The report text: one table per figure, each next to the paper's, and the PNGs."""
     head = "| | " + " | ".join(p.label for p in platforms) + " |"
@@ -265,6 +302,7 @@ def render_markdown(
         row("$/1M training tokens", [_usd(p.train_usd_per_m_tokens, _gap(p)) for p in platforms]),
         "",
         "![training cost](training.png)",
+        *_stage_lines(stage_rows),
     ]
 
     shapes = sorted({shape for p in platforms for shape in p.serving})

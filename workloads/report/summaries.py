@@ -18,6 +18,17 @@ _Count = pydantic.NonNegativeInt
 _Seconds = pydantic.NonNegativeFloat
 
 
+class StageRow(pydantic.BaseModel):
+    """One stage of the boot that trained (workloads.stages.summarise)."""
+
+    model_config = pydantic.ConfigDict(extra="allow", allow_inf_nan=False, strict=False)
+
+    stage: str = pydantic.Field(description="boot, venv, weights, data, load, compile, ...")
+    start: float = pydantic.Field(description="Unix time the stage started.")
+    seconds: _Seconds | None = pydantic.Field(None, description="Duration (None: not ended).")
+    state: str = pydantic.Field(description="done, failed, running or interrupted.")
+
+
 class TrainSummary(pydantic.BaseModel):
     """The keys of train_summary.json (workloads train) the report uses."""
 
@@ -39,6 +50,9 @@ class TrainSummary(pydantic.BaseModel):
         None, description="Step the last process resumed from."
     )
     steps_this_run: _Count | None = pydantic.Field(None, description="Steps of the last process.")
+    stages: list[StageRow] | None = pydantic.Field(
+        None, description="Stages from VM boot to the first step (workloads.stages)."
+    )
 
     @pydantic.field_validator("steps", "real_tokens", "steps_run", mode="before")
     @classmethod

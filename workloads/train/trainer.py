@@ -12,6 +12,10 @@ step, before each checkpoint save and when it ends; train_summary.json totals th
 time of a preempted and resumed run covers all its processes and its tokens count each step of
 the final trajectory once.
 
+The stages of set-up and loop (data, load, compile, first_step) are stage records
+(workloads.stages): on a VM appended to the host's file next to the startup script's, which
+`ops status` shows; train_summary.json keeps the boot's stages.
+
 One module on purpose (~560 lines): the phases of a run (set up, restore, loop, summary) share the
 run's state and its checkpoint hooks; the step, the data stream, checkpoints and metrics are their
 own modules.
@@ -29,7 +33,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from workloads import adapter_meta, catalog, errors, runconfig, storage
+from workloads import adapter_meta, catalog, errors, runconfig, staged_base, stages, storage
 from workloads import model as model_lib
 from workloads.train import checkpoints, guards, packed_attention, resume, runlock, step
 from workloads.train import lora as lora_lib
@@ -171,8 +175,10 @@ class _StepMetrics:
         segment: metrics_lib.Segment,
         last_step: int,
         resumed_from: int,
+        stage_log: stages.StageLog | None = None,
     ):
         self.cfg = cfg
+        self.stage_log = stage_log
         self.schedule = schedule
         self.base_params = base_params
         self.peak_flops = peak_flops
@@ -203,6 +209,22 @@ class _StepMetrics:
         # tunix's: the global norm of each micro-batch's gradient, averaged over the step.
         grad_norm = float(ctx.metrics_logger.get_metric_history("", "grad_norm", "train")[-1])
         self._record(ctx, step, loss, grad_norm, force_write=False)
+
+    def _first_step_done(self) -> None:
+        """Ends stages compile (the time JAX spent tracing, lowering and compiling, or fetching
+        from the persistent cache, up to here) and first_step (the wall time from the loop's
+        start, which the compilation is part of)."""
+        if self.stage_log is None:
+            return
+        compiled = self.segment.compile.seconds
+        if self.stage_log.is_open("compile"):
+            self.stage_log.end(
+                "compile",
+                seconds=compiled,
+                note="" if compiled is not None else "JAX reported no compile events: wall time",
+            )
+        if self.stage_log.is_open("first_step"):
+            self.stage_log.end("first_step")
 
     def before_save(self, trainer: Any, step: int) -> None:
         """Checks and records step `step` before its checkpoint is written (PeftTrainer still
@@ -241,6 +263,7 @@ class _StepMetrics:
         self.segment.record(step, real)
         if self.steps == 1:  # a segment killed before its first checkpoint still shows up
             self.segment.write()
+            self._first_step_done()
         in_use, peak = metrics_lib.device_memory()
         tokens_per_s = real / seconds if seconds > 0 else 0.0
         computed_per_s = self.computed_per_step / seconds if seconds > 0 else 0.0
@@ -284,6 +307,7 @@ class _Prepared:
     started: float
     resume_step: int  # the newest intact checkpoint (0: none)
     lock: runlock.RunLock | None  # held by the writing process until the run ends
+    stage_log: stages.StageLog  # data, load, compile, first_step (workloads.stages)
 
 
 @dataclasses.dataclass
@@ -330,7 +354,10 @@ def train(
         guards.NonFiniteError: a step's loss or gradient norm is not finite (nothing of it or
             after it is saved).
     """
-    prepared = _set_up(cfg, data, log, fresh_optimizer_state)
+    # On a VM ($GEMMA4_STAGES_FILE) these go to the host's stage records next to the startup
+    # script's; `ops status` and train_summary.json show them.
+    stage_log = stages.StageLog.from_env("trainer", log=log)
+    prepared = _set_up(cfg, data, log, fresh_optimizer_state, stage_log)
     if isinstance(prepared, TrainResult):
         return prepared  # a finished run started again
     try:
@@ -363,6 +390,7 @@ def _set_up(
     data: stream_lib.PreparedData | None,
     log: Callable[[str], None],
     fresh_optimizer_state: bool,
+    stage_log: stages.StageLog,
 ) -> _Prepared | TrainResult:
     """Cheap checks first (config.json is read in place, even on gs://), then the run
     directory's lock (the writing process), staging, data, the checkpoint to resume from and
@@ -372,7 +400,8 @@ def _set_up(
 
     started = time.time()
     train_cfg = cfg.train
-    hf_config = model_lib.read_hf_config(cfg.model.base)
+    base = staged_base.model_dir(cfg.model.base, cfg.model.stage_dir)
+    hf_config = model_lib.read_hf_config(base)
     model_lib.check_tp(model_lib.tunix_config_from_hf(hf_config), train_cfg.mesh.tp)
     mesh = model_lib.make_mesh(train_cfg.mesh.fsdp, train_cfg.mesh.tp)
     has_meta = checkpoints.check_checkpoint_dir(cfg)
@@ -382,7 +411,17 @@ def _set_up(
         lock.acquire()
     try:
         return _set_up_locked(
-            cfg, data, log, fresh_optimizer_state, hf_config, mesh, has_meta, lock, started
+            cfg,
+            data,
+            log,
+            fresh_optimizer_state,
+            hf_config,
+            mesh,
+            has_meta,
+            lock,
+            started,
+            base,
+            stage_log,
         )
     except BaseException:
         if lock is not None:
@@ -400,15 +439,21 @@ def _set_up_locked(
     has_meta: bool,
     lock: runlock.RunLock | None,
     started: float,
+    base: str,
+    stage_log: stages.StageLog,
 ) -> _Prepared | TrainResult:
     import jax
 
     train_cfg = cfg.train
     primary = jax.process_index() == 0
     model_lib.set_compilation_cache(train_cfg.compile_cache_dir)
-    model_dir = model_lib.stage(cfg.model.base, cfg.model.stage_dir)
+    # A URL the startup script did not stage (a run off the VMs) is copied here: stage weights.
+    copying = storage.is_remote(base)
+    with stage_log.stage("weights") if copying else contextlib.nullcontext():
+        model_dir = model_lib.stage(base, cfg.model.stage_dir)
     if data is None:
-        data = load_data(cfg, str(model_dir))
+        with stage_log.stage("data"):
+            data = load_data(cfg, str(model_dir))
     total_steps = total_optimizer_steps(cfg, data)
     done = checkpoints.saved_steps(train_cfg.checkpoint_dir)
     if (
@@ -448,7 +493,8 @@ def _set_up_locked(
         f"loading {model_dir} ({cfg.model.dtype}) on mesh fsdp={train_cfg.mesh.fsdp} "
         f"tp={train_cfg.mesh.tp} ({jax.device_count()} {jax.devices()[0].platform} devices)"
     )
-    model, base_params = build_lora_model(cfg, model_dir, mesh)
+    with stage_log.stage("load"):
+        model, base_params = build_lora_model(cfg, model_dir, mesh)
     lora_params = sum(x.size for x in jax.tree.leaves(lora_lib.lora_state(model)))
     log(
         f"model: {base_params:,} base parameters, {lora_params:,} LoRA parameters (rank "
@@ -485,6 +531,7 @@ def _set_up_locked(
         started,
         resume_step,
         lock,
+        stage_log,
     )
 
 
@@ -553,6 +600,7 @@ def _loop(
         segment=segment,
         last_step=stop_at,
         resumed_from=resumed_from,
+        stage_log=prepared.stage_log,
     )
 
     def before_save(step: int, force: bool) -> None:
@@ -593,6 +641,9 @@ def _loop(
     loop_started = time.time()
     step_metrics.start()
     segment.start()
+    if resumed_from < stop_at:  # the first step compiles the step function: two stages open
+        prepared.stage_log.start("compile", at=loop_started)
+        prepared.stage_log.start("first_step", at=loop_started)
     status = "failed"
     try:
         with mesh, segment.compile:
@@ -602,6 +653,9 @@ def _loop(
         # A save of an earlier step may still be in flight: let it finish (or fail) cleanly.
         with contextlib.suppress(Exception):
             trainer.checkpoint_manager.close()
+        for name in ("compile", "first_step"):  # stopped before the first step
+            if prepared.stage_log.is_open(name):
+                prepared.stage_log.end(name, ok=False)
         raise
     finally:
         train_seconds = time.time() - loop_started
@@ -675,6 +729,8 @@ def _summarise(prepared: _Prepared, loop: _Loop, log: Callable[[str], None]) -> 
         "checkpoint_dir": train_cfg.checkpoint_dir,
         "checkpoint_steps": ckpt_steps,
         "data": _stats_dict(prepared.data),
+        # This boot's stages, from VM boot (startup script) to the first step (workloads.stages).
+        "stages": prepared.stage_log.rows(),
     }
     interrupted = final_step < prepared.total_steps
     if prepared.primary and not interrupted:

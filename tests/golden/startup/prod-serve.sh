@@ -11,7 +11,14 @@ readonly VENV_DIR=/opt/gemma4/venv
 readonly READY_MARKER=/var/lib/gemma4/ready
 readonly ENV_FILE=/etc/gemma4/env
 readonly LOG_FILE=/var/log/gemma4-startup.log
+# Stage records (workloads/stages.py documents the format): one JSON line per start and end.
+readonly STAGES_FILE=/var/lib/gemma4/stages.jsonl
+# This script, kept on the VM so the jobs after ready can run it as their own systemd unit.
+readonly SCRIPT_COPY=/var/lib/gemma4/startup.sh
 readonly REQUIREMENTS_DIGEST=9829a3e806547b61
+# gs://.../venv-<digest>.tar.gz: this venv packed by the first VM, restored by the others ('':
+# none). Its .sha256 next to it is written last and checked before anything is unpacked.
+readonly VENV_ARCHIVE_URI=''
 readonly -a REQUIREMENTS=(
   gcsfs==2026.10.1
   matplotlib==3.11.2
@@ -231,20 +238,111 @@ retry() {
   done
 }
 
+# stage_start NAME [AT] / stage_end OK [NOTE]: one stage at a time, appended to $STAGES_FILE as
+# one JSON line each (a single write on an O_APPEND file: writers never interleave). A stage
+# still open when the script exits (set -e stopped it) is ended with "ok": false.
+STAGE=""
+STAGE_AT=""
+STAGE_NOTE=""
+STAGE_SOURCE=startup
+now_s() {
+  date +%s.%N | cut -c1-14
+}
+
+stage_record() {
+  local boot
+  boot=$(cat "${BOOT_ID_FILE:-/proc/sys/kernel/random/boot_id}" 2>/dev/null || echo unknown)
+  mkdir -p "$(dirname "$STAGES_FILE")"
+  printf '{"stage": "%s", "boot": "%s", "source": "%s", %s}\n' "$1" "$boot" "$STAGE_SOURCE" "$2" \
+    >>"$STAGES_FILE" || true
+}
+
+stage_start() {
+  STAGE=$1
+  STAGE_AT=${2:-$(now_s)}
+  stage_record "$STAGE" "\"event\": \"start\", \"at\": $STAGE_AT"
+  log "stage $STAGE started"
+}
+
+stage_end() {
+  local ok=$1 note=${2:-} at seconds
+  [ -n "$STAGE" ] || return 0
+  at=$(now_s)
+  seconds=$(awk -v a="$STAGE_AT" -v b="$at" 'BEGIN { printf "%.3f", b - a }')
+  note=${note//\\/\\\\}
+  note=${note//\"/\\\"}
+  stage_record "$STAGE" "\"event\": \"end\", \"at\": $at, \"seconds\": $seconds, \"ok\": $ok, \"note\": \"$note\""
+  log "stage $STAGE: ${seconds} s${note:+ ($note)}$([ "$ok" = true ] || echo ', FAILED')"
+  STAGE=""
+}
+
+# stage NAME FUNCTION ARGS...: runs FUNCTION as stage NAME; FUNCTION may set STAGE_NOTE.
+stage() {
+  local name=$1
+  shift
+  STAGE_NOTE=""
+  stage_start "$name"
+  "$@"
+  stage_end true "$STAGE_NOTE"
+}
+
+# The kernel's boot time (Unix seconds) from the boot clock: now - uptime.
+kernel_boot_time() {
+  awk -v now="$(now_s)" '{ printf "%.3f", now - $1 }' "${UPTIME_FILE:-/proc/uptime}"
+}
+
 # Starts a boot: log to a file as well as the console, one run at a time, no stale ready marker.
+# Stage `boot` is the time from the kernel's start to this script's (`ops status` adds the
+# node's create-to-boot time from the Cloud TPU API).
 begin() {
   mkdir -p "$(dirname "$READY_MARKER")" "$(dirname "$ENV_FILE")" "$(dirname "$VENV_DIR")"
   exec > >(tee -a "$LOG_FILE") 2>&1
   exec 9>/var/lock/gemma4-startup.lock
   flock 9
   rm -f "$READY_MARKER"
+  trap 'stage_end false "the startup script stopped here"' EXIT
+  stage_start boot "$(kernel_boot_time)"
+  stage_end true
   log "boot started (project $PROJECT)"
+  keep_script
+}
+
+# A copy of this script for the jobs after ready: the file the guest agent runs, else the
+# metadata server's startup-script (the same text). Without one, nothing runs after ready.
+keep_script() {
+  if [ -f "$0" ] && [ "$0" != "$SCRIPT_COPY" ]; then
+    install -m 0700 "$0" "$SCRIPT_COPY.tmp"
+  elif ! curl -fsS -H 'Metadata-Flavor: Google' -o "$SCRIPT_COPY.tmp" \
+    'http://metadata.google.internal/computeMetadata/v1/instance/attributes/startup-script'; then
+    log "could not keep a copy of this script in $SCRIPT_COPY: no uploads after ready"
+    return 0
+  fi
+  chmod 0700 "$SCRIPT_COPY.tmp"
+  mv "$SCRIPT_COPY.tmp" "$SCRIPT_COPY"
 }
 
 finish() {
   date -u +%Y-%m-%dT%H:%M:%SZ >"$READY_MARKER.tmp"
   mv "$READY_MARKER.tmp" "$READY_MARKER"
   log "ready: $READY_MARKER"
+}
+
+# in_background JOB: runs `$SCRIPT_COPY JOB` (this script's main with that argument) as the
+# transient systemd unit gemma4-JOB, so it outlives this script (the guest agent's startup
+# service ends, and may kill, what it started when the script exits) and its log is in the
+# journal and $LOG_FILE. A job already running is left alone.
+in_background() {
+  if [ ! -f "$SCRIPT_COPY" ]; then
+    log "$SCRIPT_COPY is missing: gemma4-$1 not started (the next boot tries again)"
+    return 0
+  fi
+  if systemctl is-active --quiet "gemma4-$1.service" 2>/dev/null; then
+    log "gemma4-$1 is already running"
+    return 0
+  fi
+  systemd-run --unit="gemma4-$1" --collect --quiet --description="gemma4-tpu $1 after ready" \
+    /bin/bash "$SCRIPT_COPY" "$1"
+  log "started gemma4-$1 in the background (journalctl -u gemma4-$1)"
 }
 
 # apt_install PKG...: installs the packages that are not installed yet.
@@ -273,16 +371,36 @@ ensure_python() {
   apt_install python3.11 python3.11-venv python3.11-dev
 }
 
-# The venv with the pinned stack; skipped when the pins are what was installed last time.
+# Stage `venv`: Python 3.11 and the pinned venv (on a new VM both take minutes; the archive
+# saves the pip part).
+ensure_python_and_venv() {
+  ensure_python
+  ensure_venv
+}
+
+# The venv with the pinned stack, in the cheapest way that gives exactly the pins: kept when its
+# stamp says it has them, else restored from the bucket's archive for this digest, else
+# installed by pip (the archive is then packed and uploaded after ready, upload_venv_archive).
 ensure_venv() {
+  local stamp="$VENV_DIR/.gemma4-requirements"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$REQUIREMENTS_DIGEST" ]; then
+    log "venv $VENV_DIR is up to date"
+    STAGE_NOTE="up to date"
+    return 0
+  fi
+  if restore_venv; then
+    STAGE_NOTE="restored from $VENV_ARCHIVE_URI"
+    return 0
+  fi
+  install_venv
+  STAGE_NOTE="installed by pip"
+}
+
+install_venv() {
   local stamp="$VENV_DIR/.gemma4-requirements" requirements="$VENV_DIR/gemma4-requirements.txt"
   local constraints="$VENV_DIR/gemma4-constraints.txt"
   if [ ! -x "$VENV_DIR/bin/python" ]; then
     "$PYTHON" -m venv "$VENV_DIR"
-  fi
-  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$REQUIREMENTS_DIGEST" ]; then
-    log "venv $VENV_DIR is up to date"
-    return 0
   fi
   printf '%s\n' "${REQUIREMENTS[@]}" >"$requirements"
   printf '%s\n' "${CONSTRAINTS[@]}" >"$constraints"
@@ -290,6 +408,73 @@ ensure_venv() {
   retry 3 "$VENV_DIR/bin/python" -m pip install -q -r "$requirements" -c "$constraints"
   printf '%s\n' "$REQUIREMENTS_DIGEST" >"$stamp"
   log "venv $VENV_DIR installed"
+}
+
+# restore_venv: the archive for this digest, used only when its SHA-256 is the one in the
+# .sha256 object (uploaded last, so a partial upload has none) and the unpacked venv's stamp is
+# this digest and its Python starts. Anything else: 1, nothing of it kept, and pip installs.
+# The venv is unpacked next to $VENV_DIR (same filesystem) and swapped in with renames; its
+# scripts name $VENV_DIR in their #! lines, which is where it was packed.
+restore_venv() {
+  local tmp unpack="$VENV_DIR.restore" expected actual
+  if [ -z "$VENV_ARCHIVE_URI" ] || ! gcs_exists "$VENV_ARCHIVE_URI.sha256"; then
+    log "no venv archive for $REQUIREMENTS_DIGEST in the bucket: installing with pip"
+    return 1
+  fi
+  tmp=$(mktemp -d "$TMPDIR/gemma4-venv.XXXXXX")
+  rm -rf "$unpack"
+  if ! gcloud storage cp --quiet "$VENV_ARCHIVE_URI.sha256" "$tmp/venv.tar.gz.sha256" ||
+    ! gcloud storage cp --quiet "$VENV_ARCHIVE_URI" "$tmp/venv.tar.gz"; then
+    log "could not download $VENV_ARCHIVE_URI: installing with pip"
+    rm -rf "$tmp"
+    return 1
+  fi
+  expected=$(cut -d' ' -f1 "$tmp/venv.tar.gz.sha256")
+  actual=$(sha256sum "$tmp/venv.tar.gz" | cut -d' ' -f1)
+  if [ "$expected" != "$actual" ]; then
+    log "$VENV_ARCHIVE_URI: SHA-256 $actual is not the recorded $expected (corrupt or partial): installing with pip"
+    rm -rf "$tmp"
+    return 1
+  fi
+  mkdir -p "$unpack"
+  if ! tar -xzf "$tmp/venv.tar.gz" -C "$unpack" ||
+    [ "$(cat "$unpack/venv/.gemma4-requirements" 2>/dev/null)" != "$REQUIREMENTS_DIGEST" ]; then
+    log "$VENV_ARCHIVE_URI: not a venv for $REQUIREMENTS_DIGEST: installing with pip"
+    rm -rf "$tmp" "$unpack"
+    return 1
+  fi
+  rm -rf "$tmp" "$VENV_DIR.old"
+  if [ -e "$VENV_DIR" ]; then mv "$VENV_DIR" "$VENV_DIR.old"; fi
+  mv "$unpack/venv" "$VENV_DIR"
+  rm -rf "$unpack" "$VENV_DIR.old"
+  if ! "$VENV_DIR/bin/python" -c 'import sys' 2>/dev/null; then
+    log "the venv restored from $VENV_ARCHIVE_URI does not start: installing with pip"
+    rm -rf "$VENV_DIR"
+    return 1
+  fi
+  log "venv $VENV_DIR restored from $VENV_ARCHIVE_URI (SHA-256 verified)"
+}
+
+# upload_venv_archive: packs this venv (pip-installed for this digest) and uploads it, then its
+# .sha256: the completion marker, written last. Runs after ready, on worker 0 only.
+upload_venv_archive() {
+  local tmp
+  if [ -z "$VENV_ARCHIVE_URI" ] || gcs_exists "$VENV_ARCHIVE_URI.sha256"; then
+    STAGE_NOTE="already in the bucket"
+    return 0
+  fi
+  if [ "$(cat "$VENV_DIR/.gemma4-requirements" 2>/dev/null)" != "$REQUIREMENTS_DIGEST" ]; then
+    log "venv $VENV_DIR is not the one for $REQUIREMENTS_DIGEST: not uploaded"
+    return 1
+  fi
+  tmp=$(mktemp -d "$TMPDIR/gemma4-venv-upload.XXXXXX")
+  tar -czf "$tmp/venv.tar.gz" -C "$(dirname "$VENV_DIR")" "$(basename "$VENV_DIR")"
+  (cd "$tmp" && sha256sum venv.tar.gz >venv.tar.gz.sha256)
+  retry 3 gcloud storage cp --quiet "$tmp/venv.tar.gz" "$VENV_ARCHIVE_URI"
+  retry 3 gcloud storage cp --quiet "$tmp/venv.tar.gz.sha256" "$VENV_ARCHIVE_URI.sha256"
+  STAGE_NOTE="$(du -m "$tmp/venv.tar.gz" | cut -f1) MiB"
+  rm -rf "$tmp"
+  log "venv archive uploaded: $VENV_ARCHIVE_URI"
 }
 
 # /etc/gemma4/env: what the systemd units (EnvironmentFile=) and login shells see.
@@ -420,8 +605,7 @@ main() {
   begin
   enable_thp
   apt_install iverilog bubblewrap git
-  ensure_python
-  ensure_venv
+  stage venv ensure_python_and_venv
   write_env "GEMMA4_WORKER=$(worker_number)" "GEMMA4_ZONE=$(instance_zone)"
   ensure_docker
   ensure_verilog_eval
