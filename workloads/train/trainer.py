@@ -11,10 +11,6 @@ Every process records its segment of the run (metrics.Segment, in `segments/`) a
 step, before each checkpoint save and when it ends; train_summary.json totals them, so the wall
 time of a preempted and resumed run covers all its processes and its tokens count each step of
 the final trajectory once.
-
-One module on purpose (~560 lines): the phases of a run (set up, restore, loop, summary) share the
-run's state and its checkpoint hooks; the step, the data stream, checkpoints and metrics are their
-own modules.
 """
 
 from __future__ import annotations
