@@ -14,7 +14,7 @@ from infra.components import workloads as component
 from tests.deploy.conftest import make_run_config
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-DYNAMIC_TYPE = "pulumi-python:dynamic/gemma4:WorkloadDeployment"
+DYNAMIC_TYPE = "pulumi-python:dynamic/gemma4:SshDeployment"
 
 
 class Recorder(pulumi.runtime.Mocks):

@@ -20,7 +20,7 @@ from infra import config, ops, program, runconfig_render, stack_config, stack_de
 from tests.fixtures import pulumi_mocks
 from workloads import runconfig
 
-DYNAMIC = "pulumi-python:dynamic/gemma4:WorkloadDeployment"
+DYNAMIC = "pulumi-python:dynamic/gemma4:SshDeployment"
 COMPONENT = "gemma4-tpu:infra:WorkloadsDeployment"
 CHECKED: collections.Counter[str] = collections.Counter()
 

@@ -35,7 +35,7 @@ from tests.fixtures import pulumi_mocks
 
 mapping = pulumi_mocks.stack_file_config(sys.argv[1])
 rec = pulumi_mocks.run_program(sys.argv[1], mapping, hf_token="hf_TEST_ONLY_0123456789")
-deployments = rec.of_type("pulumi-python:dynamic/gemma4:WorkloadDeployment")
+deployments = rec.of_type("pulumi-python:dynamic/gemma4:SshDeployment")
 print(json.dumps({
     "infra": infra.__file__,
     "setuptools": setuptools.__version__,
