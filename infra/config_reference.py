@@ -10,10 +10,6 @@ attribute path a rule takes from the config (directly, through a local name, thr
 it passes the config to, or through a StackConfig property) is a key it reads. The same walk
 drives the schema's property test (tests/infra/test_config_fuzz.py), so a new key is documented
 and fuzzed without anyone listing it.
-
-One module on purpose (~400 lines): the schema walk, the search of the rules' code for the keys
-they read, and the rendering all serve the one generated page, and the test of that page reads all
-three.
 """
 
 from __future__ import annotations

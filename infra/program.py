@@ -3,9 +3,8 @@
 `run()` is what infra/__main__.py calls; tests call it under `pulumi.runtime.set_mocks`.
 Nothing here runs at import time. Validation happens before the first resource is declared.
 
-One module on purpose (~400 lines): it is the order in which `pulumi up` declares things (validate,
-buckets, identity, secret, firewall, VMs, deployments, outputs); reading it top to bottom is
-reading what one `up` does.
+It reads top to bottom in the order one `up` declares things: validate, buckets, identity,
+secrets, firewall, VMs, deployments, outputs.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from infra import (
     release_record,
     runconfig_render,
     stack_config,
+    stack_deployments,
     startup,
     validation,
 )
@@ -35,7 +35,7 @@ from infra.components import recovery as recovery_mod
 from infra.components import secret as secret_mod
 from infra.components import service_account as sa_mod
 from infra.components import tpu_vm as tpu_mod
-from infra.components import workloads as deploy_mod
+from infra.components import workloads as workloads_mod
 from workloads import catalog, errors, runconfig
 
 COST_BASIS = "on-demand list price per hour (the paper's rates); spot/preemptible is billed less"
@@ -57,7 +57,9 @@ class StackResources:
     api_firewall: firewall_mod.IngressRule | None
     train_vm: tpu_mod.TpuVm | None  # None: the run finished and released it (release_record)
     serve_vm: tpu_mod.TpuVm | None
-    deployments: dict[str, deploy_mod.WorkloadsDeployment] = dataclasses.field(default_factory=dict)
+    deployments: dict[str, workloads_mod.WorkloadsDeployment] = dataclasses.field(
+        default_factory=dict
+    )
     recovery: recovery_mod.RecoveryController | None = None
     outputs: dict[str, Any] = dataclasses.field(default_factory=dict)
     released: dict[str, Any] | None = None
@@ -368,7 +370,7 @@ def build(
         )
 
     # The workloads wheel + run config pushed over SSH to every worker, started as systemd units.
-    deployments = deploy_mod.declare_for_stack(
+    deployments = stack_deployments.declare_for_stack(
         cfg,
         run_config,
         train_hosts=train_vm.external_ips if train_vm is not None else None,
@@ -415,7 +417,7 @@ def stack_outputs(res: StackResources) -> dict[str, Any]:
         "tensorboardCommand": f"tensorboard --logdir {train.tensorboard_dir}",
         "mergedDir": res.run_config.merge.out if res.run_config.merge else None,
         "estimatedHourlyUsd": hourly_cost(cfg),
-        "deployments": deploy_mod.ops_outputs(res.deployments),
+        "deployments": stack_deployments.ops_outputs(res.deployments),
         # Where `infra.ops status`/`cost` look for this stack's TPUs the state does not hold.
         "tpuScope": tpu_scope(cfg, res.labels),
     }

@@ -12,9 +12,8 @@ check until the run's train_summary.json exists.
 Every step is a plain function taking its clients (the TPU API, the stack client of
 infra.stack_client, sleep), so tests drive it with fakes at those boundaries.
 
-One module on purpose (~400 lines): the recovery loop, its command-line options and its one-line
-errors belong to one subcommand; the parts it shares with other commands live in infra.stack_client
-and infra.stack_outputs.
+The parts it shares with the other operator commands live in infra.stack_client and
+infra.stack_outputs.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import pulumi
 import pulumi.dynamic
 
 from infra import dynamic_values, remote, ssh, ssh_access
+from infra.previous_types import renamed_from
 from infra.ssh import SshSettings  # the field `ssh` below shadows the module in the class
 
 LOG = logging.getLogger("infra.ssh_deployment")
@@ -275,9 +276,7 @@ class SshDeploymentProvider(pulumi.dynamic.ResourceProvider):
         return outs
 
 
-# The Pulumi type keeps its first name (WorkloadDeployment): renaming it would make every
-# existing stack replace the resource, which stops and redeploys the running job.
-class SshDeployment(pulumi.dynamic.Resource, module="gemma4", name="WorkloadDeployment"):
+class SshDeployment(pulumi.dynamic.Resource, module="gemma4", name="SshDeployment"):
     """The workloads package, run config and systemd units deployed to every worker of one VM.
 
     Outputs:
@@ -301,6 +300,9 @@ class SshDeployment(pulumi.dynamic.Resource, module="gemma4", name="WorkloadDepl
                 list is usually the VM's Output).
             opts: resource options (parent, depends_on).
         """
+        # Registered as WorkloadDeployment (next to the WorkloadsDeployment component) before;
+        # the alias keeps existing stacks from replacing it, which would stop the running job.
+        opts = renamed_from("pulumi-python:dynamic/gemma4:WorkloadDeployment", opts)
         super().__init__(
             SshDeploymentProvider(),
             name,

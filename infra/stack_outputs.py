@@ -1,6 +1,6 @@
 """What the stack's outputs say about its VMs, for the operator commands (ops, recover).
 
-The `deployments` output maps a role ("train", "serve") to what infra.components.workloads
+The `deployments` output maps a role ("train", "serve") to what infra.stack_deployments
 exports as `ops_info` (worker addresses, SSH identity, units, run directory, serving port);
 VmInfo (infra/deployment_record.py) is that record, typed, and the one thing the commands pass
 around.

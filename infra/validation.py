@@ -4,9 +4,7 @@ Every rule reads the catalog (workloads/catalog.py) and returns problem lines of
 `key: bad value: what is allowed`; `check` runs them all so that the user sees every problem at
 once. The memory estimates the rules compare against the catalog are in infra/sizing.py.
 
-Long on purpose: every rule lives here, one function per concern (the rules must all run on every
-config, and the config reference reads this module's code to tell which rule reads which key); the
-memory estimates are in infra/sizing.py.
+One function per concern, all run on every config.
 """
 
 from __future__ import annotations

@@ -8,8 +8,7 @@ Validation (infra/validation.py), sizing (infra/sizing.py) and the cost report a
 module. It is pure Python with no third-party imports so that both the infra side and the
 workloads side use it.
 
-Long because it is a table of facts (accelerators, zones, prices, model shapes, the paper's
-figures), each with its source; the few functions in it only look facts up.
+The few functions in it only look facts up.
 """
 
 from __future__ import annotations

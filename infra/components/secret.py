@@ -9,6 +9,8 @@ from collections.abc import Sequence
 import pulumi
 import pulumi_gcp as gcp
 
+from infra.previous_types import renamed_from
+
 
 @dataclasses.dataclass(frozen=True)
 class SecretArgs:
@@ -26,7 +28,6 @@ class SecretArgs:
     """Labels on the secret."""
 
 
-# The Pulumi type keeps its first name: renaming it would replace every stack's token secret.
 class StoredSecret(pulumi.ComponentResource):
     """A secret with one version (the value) and an accessor grant per member."""
 
@@ -35,7 +36,10 @@ class StoredSecret(pulumi.ComponentResource):
     secret_id: pulumi.Output[str]
 
     def __init__(self, name: str, args: SecretArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("gemma4-tpu:infra:HfTokenSecret", name, None, opts)
+        # Registered as HfTokenSecret when it only held the token; the alias keeps every stack's
+        # three secrets in place.
+        opts = renamed_from("gemma4-tpu:infra:HfTokenSecret", opts)
+        super().__init__("gemma4-tpu:infra:StoredSecret", name, None, opts)
         self.secret = gcp.secretmanager.Secret(
             f"{name}-secret",
             project=args.project,

@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import remote, ssh, ssh_access, ssh_deployment
-from infra.components import workloads as component
+from infra import remote, ssh, ssh_access, ssh_deployment, units, workloads_wheel
 from tests.fixtures.sshd import Worker
 from workloads import runconfig
 
@@ -62,19 +61,19 @@ def make_run_config(
 
 
 @pytest.fixture(scope="session")
-def wheel() -> component.Wheel:
+def wheel() -> workloads_wheel.Wheel:
     """The real wheel of this checkout (built once, cached in .whl/)."""
-    return component.build_wheel()
+    return workloads_wheel.build_wheel()
 
 
 def make_bundle(
     root: pathlib.Path | str,
-    wheel: component.Wheel,
+    wheel: workloads_wheel.Wheel,
     cfg: runconfig.RunConfig | None = None,
-    role: component.Role = "train",
+    role: units.Role = "train",
 ) -> remote.Bundle:
     cfg = cfg or make_run_config()
-    plan = component.plan_units(role, cfg, remote.RemoteLayout(str(root)))
+    plan = units.plan_units(role, cfg, remote.RemoteLayout(str(root)))
     # install_deps=False: the worker venv borrows its dependencies from the test venv (no index).
     return remote.Bundle(
         wheel.path,
@@ -89,7 +88,7 @@ def make_bundle(
 
 def provider_props(
     worker_root: str,
-    wheel: component.Wheel,
+    wheel: workloads_wheel.Wheel,
     access: ssh_access.SshAccess,
     hosts: list[str],
     **changes: Any,

@@ -9,12 +9,12 @@ from typing import Any
 import pulumi
 import pytest
 
-from infra import remote, ssh_access, ssh_deployment
+from infra import remote, ssh_access, ssh_deployment, workloads_wheel
 from infra.components import workloads as component
 from tests.deploy.conftest import make_run_config
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-DYNAMIC_TYPE = "pulumi-python:dynamic/gemma4:WorkloadDeployment"
+DYNAMIC_TYPE = "pulumi-python:dynamic/gemma4:SshDeployment"
 
 
 class Recorder(pulumi.runtime.Mocks):
@@ -44,7 +44,7 @@ def mocks() -> Recorder:
 
 
 def test_declare_registers_the_deployment_resource_with_its_inputs(
-    mocks: Recorder, wheel: component.Wheel
+    mocks: Recorder, wheel: workloads_wheel.Wheel
 ) -> None:
     cfg = make_run_config(merge=True)
     access = ssh_access.SshAccess(
@@ -111,7 +111,7 @@ def test_declare_registers_the_deployment_resource_with_its_inputs(
     assert inputs["__provider"]  # the serialised provider travels in the state
 
 
-def test_serve_role_deploys_serve_eval_bench(mocks: Recorder, wheel: component.Wheel) -> None:
+def test_serve_role_deploys_serve_eval_bench(mocks: Recorder, wheel: workloads_wheel.Wheel) -> None:
     cfg = make_run_config(serve=True)
 
     @pulumi.runtime.test

@@ -16,12 +16,11 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import config, ops, program, runconfig_render, stack_config
-from infra.components import workloads as component
+from infra import config, ops, program, runconfig_render, stack_config, stack_deployments
 from tests.fixtures import pulumi_mocks
 from workloads import runconfig
 
-DYNAMIC = "pulumi-python:dynamic/gemma4:WorkloadDeployment"
+DYNAMIC = "pulumi-python:dynamic/gemma4:SshDeployment"
 COMPONENT = "gemma4-tpu:infra:WorkloadsDeployment"
 CHECKED: collections.Counter[str] = collections.Counter()
 
@@ -38,13 +37,13 @@ def wired(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def build(cfg: config.StackConfig, hf_token: Any, **kwargs: Any) -> program.StackResources:
         res = original(cfg, hf_token, **kwargs)
-        deployments = component.declare_for_stack(
+        deployments = stack_deployments.declare_for_stack(
             cfg,
             res.run_config,
             train_hosts=res.train_vm.external_ips,
             serve_hosts=res.serve_vm.external_ips if res.serve_vm else None,
         )
-        res.outputs["deployments"] = component.ops_outputs(deployments)
+        res.outputs["deployments"] = stack_deployments.ops_outputs(deployments)
         return res
 
     monkeypatch.setattr(program, "build", build)
@@ -68,7 +67,7 @@ def test_program_declares_one_deployment_per_vm(stack: str) -> None:
         assert ips and dep.inputs["hosts"] == ips  # the VM's addresses, resolved
         node = cfg.training_node_name if role == "train" else cfg.serving_node_name
         assert dep.inputs["vm"] == node
-        expected = component.run_config_for(role, run_config)
+        expected = stack_deployments.run_config_for(role, run_config)
         assert dep.inputs["run_config_yaml"] == expected.to_yaml()
         if role == "serve":
             assert expected == run_config  # the serving VM reads every section

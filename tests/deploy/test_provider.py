@@ -10,13 +10,12 @@ import dill
 import pulumi.dynamic.dynamic as pulumi_dynamic
 import pytest
 
-from infra import remote, ssh_access, ssh_deployment
-from infra.components import workloads as component
+from infra import remote, ssh_access, ssh_deployment, workloads_wheel
 from tests.deploy.conftest import make_bundle, make_run_config, provider_props
 from tests.fixtures.sshd import Worker
 
 FAKE = ssh_access.SshAccess(stack="dev", user="gemma4", key_fingerprint="SHA256:a")
-FAKE_WHEEL = component.Wheel("/w/gemma4_tpu-0.1.0-py3-none-any.whl", "a" * 64)
+FAKE_WHEEL = workloads_wheel.Wheel("/w/gemma4_tpu-0.1.0-py3-none-any.whl", "a" * 64)
 
 
 def test_diff_is_empty_for_the_same_content_even_with_another_wheel_path() -> None:
@@ -91,7 +90,9 @@ def test_provider_survives_pulumis_serialisation() -> None:
 
 
 @pytest.mark.sshd
-def test_create_update_delete_against_a_worker(worker: Worker, wheel: component.Wheel) -> None:
+def test_create_update_delete_against_a_worker(
+    worker: Worker, wheel: workloads_wheel.Wheel
+) -> None:
     provider = ssh_deployment.SshDeploymentProvider()
     provider.ready_initial_delay_s = 0.1
     root = str(worker.root)
@@ -127,7 +128,7 @@ def test_create_update_delete_against_a_worker(worker: Worker, wheel: component.
 
 
 @pytest.mark.sshd
-def test_delete_of_a_vanished_worker_succeeds(worker: Worker, wheel: component.Wheel) -> None:
+def test_delete_of_a_vanished_worker_succeeds(worker: Worker, wheel: workloads_wheel.Wheel) -> None:
     props = provider_props(
         str(worker.root),
         wheel,
@@ -139,7 +140,9 @@ def test_delete_of_a_vanished_worker_succeeds(worker: Worker, wheel: component.W
 
 
 @pytest.mark.sshd
-def test_create_failure_names_the_worker_and_step(worker: Worker, wheel: component.Wheel) -> None:
+def test_create_failure_names_the_worker_and_step(
+    worker: Worker, wheel: workloads_wheel.Wheel
+) -> None:
     (worker.root / "var/lib/gemma4/ready").unlink()
     provider = ssh_deployment.SshDeploymentProvider()
     provider.ready_initial_delay_s = 0.1

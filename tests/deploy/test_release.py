@@ -20,8 +20,7 @@ from collections.abc import Callable
 
 import pytest
 
-from infra import remote
-from infra.components import workloads as component
+from infra import remote, workloads_wheel
 from infra.remote import release
 from tests.deploy.conftest import (
     Steps,
@@ -104,7 +103,9 @@ class KillWhen:
             time.sleep(0.001)
 
 
-def _two_bundles(worker: Worker, wheel: component.Wheel) -> tuple[remote.Bundle, remote.Bundle]:
+def _two_bundles(
+    worker: Worker, wheel: workloads_wheel.Wheel
+) -> tuple[remote.Bundle, remote.Bundle]:
     old = make_bundle(worker.root, wheel, make_run_config(run_name="old"))
     new = make_bundle(worker.root, wheel, make_run_config(run_name="new", merge=False))
     return old, new
@@ -140,7 +141,7 @@ def _assert_units_name_a_complete_release(worker: Worker) -> None:
     ],
 )
 def test_a_worker_killed_during_pip_install_converges_on_the_next_deploy(
-    worker: Worker, wheel: component.Wheel, moment: str
+    worker: Worker, wheel: workloads_wheel.Wheel, moment: str
 ) -> None:
     old, new = _two_bundles(worker, wheel)
     deploy([worker], old, Steps())
@@ -177,7 +178,7 @@ PHASE_2 = ["stop", "switch", "units", "daemon-reload", "enable", "start", "recor
     [pytest.param(s, marks=() if s == "units" else pytest.mark.slow) for s in PHASE_1 + PHASE_2],
 )
 def test_a_worker_killed_at_any_step_converges_on_the_next_deploy(
-    worker: Worker, wheel: component.Wheel, step: str
+    worker: Worker, wheel: workloads_wheel.Wheel, step: str
 ) -> None:
     old, new = _two_bundles(worker, wheel)
     deploy([worker], old, Steps())
@@ -198,7 +199,7 @@ def test_a_worker_killed_at_any_step_converges_on_the_next_deploy(
 
 @pytest.mark.sshd
 def test_a_worker_wedged_by_the_earlier_in_place_install_converges(
-    worker: Worker, wheel: component.Wheel
+    worker: Worker, wheel: workloads_wheel.Wheel
 ) -> None:
     # What a kill during the earlier `pip install --force-reinstall` into the base venv left: a
     # dist-info without RECORD (pip refuses to uninstall it: every later deploy failed), half a
@@ -243,7 +244,7 @@ def test_a_worker_wedged_by_the_earlier_in_place_install_converges(
 
 @pytest.mark.sshd
 def test_an_unchanged_deploy_finishes_a_prune_that_was_killed(
-    worker: Worker, wheel: component.Wheel
+    worker: Worker, wheel: workloads_wheel.Wheel
 ) -> None:
     old, new = _two_bundles(worker, wheel)
     deploy([worker], old, Steps())
@@ -326,7 +327,7 @@ def test_build_never_rebuilds_the_active_release(tmp_path: pathlib.Path) -> None
 @pytest.mark.sshd
 @pytest.mark.slow
 def test_a_worker_that_cannot_install_leaves_every_worker_on_the_old_version(
-    sshd_factory, wheel: component.Wheel
+    sshd_factory, wheel: workloads_wheel.Wheel
 ) -> None:
     workers: list[Worker] = [sshd_factory("w0"), sshd_factory("w1")]
     for w in workers:

@@ -9,8 +9,7 @@ import time
 import fabric
 import pytest
 
-from infra import remote
-from infra.components import workloads as component
+from infra import remote, workloads_wheel
 from tests.deploy.conftest import (
     Steps,
     assert_converged,
@@ -26,7 +25,7 @@ pytestmark = pytest.mark.sshd
 
 
 def test_deploy_installs_the_wheel_config_and_units_and_the_job_runs(
-    worker: Worker, wheel: component.Wheel
+    worker: Worker, wheel: workloads_wheel.Wheel
 ) -> None:
     bundle = make_bundle(worker.root, wheel)
     hook = Steps()
@@ -79,7 +78,7 @@ def test_deploy_installs_the_wheel_config_and_units_and_the_job_runs(
 
 
 def test_changed_config_stops_installs_and_starts_again(
-    worker: Worker, wheel: component.Wheel
+    worker: Worker, wheel: workloads_wheel.Wheel
 ) -> None:
     first = make_bundle(worker.root, wheel, make_run_config(merge=True))
     deploy([worker], first, Steps())
@@ -129,7 +128,7 @@ def test_changed_config_stops_installs_and_starts_again(
 
 
 def test_ready_timeout_says_what_the_startup_log_shows(
-    sshd_factory, wheel: component.Wheel
+    sshd_factory, wheel: workloads_wheel.Wheel
 ) -> None:
     worker: Worker = sshd_factory("booting")
     log = worker.root / "var/log/gemma4-startup.log"
@@ -146,7 +145,7 @@ def test_ready_timeout_says_what_the_startup_log_shows(
 
 
 def test_unreachable_worker_times_out_naming_the_ssh_problem(
-    sshd_factory, wheel: component.Wheel
+    sshd_factory, wheel: workloads_wheel.Wheel
 ) -> None:
     worker: Worker = sshd_factory("gone")
     worker.stop()
@@ -157,7 +156,7 @@ def test_unreachable_worker_times_out_naming_the_ssh_problem(
 
 
 def test_failing_step_names_host_step_exit_code_and_log(
-    worker: Worker, wheel: component.Wheel
+    worker: Worker, wheel: workloads_wheel.Wheel
 ) -> None:
     (worker.root / "systemctl.exit").write_text("3\n")
     with pytest.raises(remote.DeployError) as caught:
@@ -174,7 +173,7 @@ def test_failing_step_names_host_step_exit_code_and_log(
 
 def test_two_workers_deploy_in_parallel_and_a_dead_sshd_fails_only_its_worker(
     sshd_factory,
-    wheel: component.Wheel,
+    wheel: workloads_wheel.Wheel,
 ) -> None:
     workers: list[Worker] = [sshd_factory("w0"), sshd_factory("w1")]
     for w in workers:
@@ -222,7 +221,7 @@ def test_two_workers_deploy_in_parallel_and_a_dead_sshd_fails_only_its_worker(
 
 
 def test_file_contents_never_travel_on_a_command_line(
-    worker: Worker, wheel: component.Wheel, monkeypatch: pytest.MonkeyPatch
+    worker: Worker, wheel: workloads_wheel.Wheel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The run config (and anything sensitive a future field might hold) goes over SFTP with mode
     # 0600, never as a command argument that `ps` on the worker or a shell log would show.

@@ -16,8 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from infra import remote
-from infra.components import workloads as component
+from infra import remote, workloads_wheel
 from infra.remote import space
 from tests.deploy.conftest import (
     Steps,
@@ -85,7 +84,7 @@ def _one_line(error: BaseException) -> str:
 
 @pytest.mark.sshd
 def test_a_full_disk_refuses_before_writing_and_the_deploy_converges_once_there_is_room(
-    worker: Worker, wheel: component.Wheel, small_disk: SmallDisk
+    worker: Worker, wheel: workloads_wheel.Wheel, small_disk: SmallDisk
 ) -> None:
     bundle = make_bundle(worker.root, wheel)
     small_disk.leave_free(1 << 20)
@@ -107,7 +106,7 @@ def test_a_full_disk_refuses_before_writing_and_the_deploy_converges_once_there_
 
 @pytest.mark.sshd
 def test_a_disk_that_fills_during_the_install_keeps_the_old_version_running(
-    worker: Worker, wheel: component.Wheel, small_disk: SmallDisk
+    worker: Worker, wheel: workloads_wheel.Wheel, small_disk: SmallDisk
 ) -> None:
     old = make_bundle(worker.root, wheel, make_run_config(run_name="old"))
     new = make_bundle(worker.root, wheel, make_run_config(run_name="new", merge=False))

@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from infra import ssh_access, ssh_deployment
-from infra.components import workloads as component
+from infra import ssh_access, ssh_deployment, workloads_wheel
 from tests.deploy.conftest import make_run_config, provider_props
 from tests.fixtures.sshd import STACK, Worker, write_stack_file
 
@@ -125,7 +124,7 @@ class Machine:
         monkeypatch.setattr(ssh_access, "PROJECT_DIR", self.project)
 
 
-def _props(worker: Worker, wheel: component.Wheel, run_name: str = "first") -> dict[str, Any]:
+def _props(worker: Worker, wheel: workloads_wheel.Wheel, run_name: str = "first") -> dict[str, Any]:
     return provider_props(
         str(worker.root),
         wheel,
@@ -145,7 +144,7 @@ def _props(worker: Worker, wheel: component.Wheel, run_name: str = "first") -> d
 def test_a_deployment_made_on_the_laptop_is_deleted_by_the_controller(
     worker: Worker,
     ssh_user_key: pathlib.Path,
-    wheel: component.Wheel,
+    wheel: workloads_wheel.Wheel,
     tmp_path: pathlib.Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -169,7 +168,7 @@ def test_a_deployment_made_on_the_laptop_is_deleted_by_the_controller(
 def test_update_replace_and_delete_from_another_machine(
     sshd_factory: Any,
     ssh_user_key: pathlib.Path,
-    wheel: component.Wheel,
+    wheel: workloads_wheel.Wheel,
     tmp_path: pathlib.Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -218,7 +217,7 @@ def test_update_replace_and_delete_from_another_machine(
 def test_an_old_state_with_the_other_machines_key_path_is_deleted_here(
     worker: Worker,
     ssh_user_key: pathlib.Path,
-    wheel: component.Wheel,
+    wheel: workloads_wheel.Wheel,
     tmp_path: pathlib.Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

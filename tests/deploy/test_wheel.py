@@ -7,7 +7,7 @@ import shutil
 import time
 import zipfile
 
-from infra.components import workloads as component
+from infra import workloads_wheel
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -31,7 +31,7 @@ def test_wheel_hash_ignores_timestamps_infra_and_record(tmp_path: pathlib.Path) 
         (2024, 5, 5, 5, 5, 4),
     )
     _zip(tmp_path / "c.whl", {**base, "workloads/__init__.py": b"x = 2\n"}, (2020, 1, 1, 0, 0, 0))
-    a, b, c = (component.wheel_hash(tmp_path / f"{n}.whl") for n in "abc")
+    a, b, c = (workloads_wheel.wheel_hash(tmp_path / f"{n}.whl") for n in "abc")
     assert a == b
     assert a != c
 
@@ -45,15 +45,15 @@ def test_build_is_cached_by_source_hash(tmp_path: pathlib.Path) -> None:
         shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
     cache = tmp_path / "cache"
 
-    first = component.build_wheel(src, cache)
+    first = workloads_wheel.build_wheel(src, cache)
     assert pathlib.Path(first.path).name.endswith("-py3-none-any.whl")
     with zipfile.ZipFile(first.path) as archive:
         assert "workloads/runconfig.py" in archive.namelist()
     started = time.monotonic()
-    assert component.build_wheel(src, cache) == first  # same sources: the cached wheel
+    assert workloads_wheel.build_wheel(src, cache) == first  # same sources: the cached wheel
     assert time.monotonic() - started < 1.0
 
     # An edit anywhere in the packaged sources is a new cache key (a new build next time).
-    before = component.source_hash(src)
+    before = workloads_wheel.source_hash(src)
     (src / "infra" / "__init__.py").write_text('"""Changed docstring."""\n')
-    assert component.source_hash(src) != before
+    assert workloads_wheel.source_hash(src) != before

@@ -22,8 +22,7 @@ import tarfile
 
 import pytest
 
-from infra import source_archive
-from infra.components import workloads as component
+from infra import source_archive, workloads_wheel
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 STACK = "prod"
@@ -36,7 +35,7 @@ from tests.fixtures import pulumi_mocks
 
 mapping = pulumi_mocks.stack_file_config(sys.argv[1])
 rec = pulumi_mocks.run_program(sys.argv[1], mapping, hf_token="hf_TEST_ONLY_0123456789")
-deployments = rec.of_type("pulumi-python:dynamic/gemma4:WorkloadDeployment")
+deployments = rec.of_type("pulumi-python:dynamic/gemma4:SshDeployment")
 print(json.dumps({
     "infra": infra.__file__,
     "setuptools": setuptools.__version__,
@@ -82,6 +81,6 @@ def test_the_controllers_venv_runs_the_program_and_builds_the_laptops_wheel(
     assert result["infra"].startswith(str(src))  # the archive's program, not this checkout's
     major, minor = (int(x) for x in result["setuptools"].split(".")[:2])
     assert (major, minor) < (69, 0) and not result["has_wheel"]  # what broke `pip wheel` there
-    laptop = component.build_wheel(REPO, tmp_path / "laptop-cache")
+    laptop = workloads_wheel.build_wheel(REPO, tmp_path / "laptop-cache")
     assert set(result["wheels"]) == {"train-deploy-workloads", "serve-deploy-workloads"}
     assert set(result["wheels"].values()) == {laptop.sha256}

@@ -32,7 +32,7 @@ SECRET_IAM = "gcp:secretmanager/secretIamMember:SecretIamMember"
 FIREWALL = "gcp:compute/firewall:Firewall"
 SERVICE = "gcp:projects/service:Service"
 
-DEPLOYMENT = "pulumi-python:dynamic/gemma4:WorkloadDeployment"
+DEPLOYMENT = "pulumi-python:dynamic/gemma4:SshDeployment"
 
 EXPECTED_COUNTS = {
     "dev": {
@@ -385,7 +385,7 @@ def test_ssh_agent_identity_when_no_key_file_is_configured():
     assert out["trainSshCommands"] == [f"ssh gemma4@{out['trainWorkerIps'][0]}"]
     ip = out["serveWorkerIps"][0]
     assert out["servingTunnelCommand"] == f"ssh -N -L 8000:127.0.0.1:8000 gemma4@{ip}"
-    for dep in rec.of_type("pulumi-python:dynamic/gemma4:WorkloadDeployment"):
+    for dep in rec.of_type("pulumi-python:dynamic/gemma4:SshDeployment"):
         assert "ssh_key_path" not in dep.inputs  # each machine finds its own (infra.ssh_access)
     assert rec.one(TPU, "train-node").inputs["metadata"]["ssh-keys"] == (
         f"gemma4:{pulumi_mocks.FAKE_PUBLIC_KEY}"

@@ -20,8 +20,7 @@ import tomllib
 import pytest
 from packaging.requirements import Requirement
 
-from infra import stack_config, startup
-from infra.components import workloads as component
+from infra import stack_config, startup, units
 from infra.remote import RemoteLayout
 from tests.deploy.conftest import make_run_config
 from tests.fixtures import pulumi_mocks
@@ -134,9 +133,9 @@ def provided(requirements: tuple[str, ...]) -> set[str]:
     return result
 
 
-def role_commands(role: component.Role) -> list[str]:
+def role_commands(role: units.Role) -> list[str]:
     """The `python -m workloads <command>` modules of the role's rendered units."""
-    plan = component.plan_units(role, make_run_config(serve=True), RemoteLayout("/"))
+    plan = units.plan_units(role, make_run_config(serve=True), RemoteLayout("/"))
     commands = {
         match
         for text in plan.units.values()

@@ -19,8 +19,7 @@ import zipfile
 import pytest
 from packaging.requirements import Requirement
 
-from infra import source_archive, wheel_build
-from infra.components import workloads as component
+from infra import source_archive, wheel_build, workloads_wheel
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -58,11 +57,11 @@ def test_same_source_gives_the_same_bytes(tmp_path: pathlib.Path) -> None:
 
 def test_a_changed_file_changes_the_wheel(tmp_path: pathlib.Path) -> None:
     copy = _copy_sources(tmp_path / "copy")
-    before = component.wheel_hash(wheel_build.build(copy, tmp_path / "a"))
+    before = workloads_wheel.wheel_hash(wheel_build.build(copy, tmp_path / "a"))
     (copy / "workloads" / "errors.py").write_text(
         (copy / "workloads" / "errors.py").read_text() + "\n# edited\n"
     )
-    assert component.wheel_hash(wheel_build.build(copy, tmp_path / "b")) != before
+    assert workloads_wheel.wheel_hash(wheel_build.build(copy, tmp_path / "b")) != before
 
 
 def test_members_and_requirements_match_a_setuptools_build(tmp_path: pathlib.Path) -> None:
@@ -120,8 +119,8 @@ def test_a_pyproject_key_it_does_not_implement_is_refused(tmp_path: pathlib.Path
     (copy / "pyproject.toml").write_text(
         text.replace('readme = "README.md"', 'readme = "README.md"\ndynamic = ["classifiers"]')
     )
-    with pytest.raises(component.WheelBuildError) as err:
-        component.build_wheel(copy, tmp_path / "cache")
+    with pytest.raises(workloads_wheel.WheelBuildError) as err:
+        workloads_wheel.build_wheel(copy, tmp_path / "cache")
     message = str(err.value)
     assert "dynamic" in message and "\n" not in message
 
@@ -129,18 +128,18 @@ def test_a_pyproject_key_it_does_not_implement_is_refused(tmp_path: pathlib.Path
 def test_a_missing_readme_is_named(tmp_path: pathlib.Path) -> None:
     copy = _copy_sources(tmp_path / "copy")
     (copy / "README.md").unlink()
-    with pytest.raises(component.WheelBuildError, match=r"README\.md"):
-        component.build_wheel(copy, tmp_path / "cache")
+    with pytest.raises(workloads_wheel.WheelBuildError, match=r"README\.md"):
+        workloads_wheel.build_wheel(copy, tmp_path / "cache")
 
 
 def test_clone_and_recovery_archive_give_the_same_fingerprint(tmp_path: pathlib.Path) -> None:
     """The controller builds from the source archive; the laptop from its clone (with files the
     archive leaves out: tests, docs, .git). Both wheels hash the same."""
-    clone = component.build_wheel(REPO, tmp_path / "clone-cache")
+    clone = workloads_wheel.build_wheel(REPO, tmp_path / "clone-cache")
     unpacked = tmp_path / "archive"
     with tarfile.open(fileobj=io.BytesIO(source_archive.archive_bytes("dev")), mode="r:gz") as tar:
         tar.extractall(unpacked, filter="data")
     assert not (unpacked / "tests").exists()
-    from_archive = component.build_wheel(unpacked, tmp_path / "archive-cache")
+    from_archive = workloads_wheel.build_wheel(unpacked, tmp_path / "archive-cache")
     assert from_archive.sha256 == clone.sha256
     assert pathlib.Path(from_archive.path).read_bytes() == pathlib.Path(clone.path).read_bytes()

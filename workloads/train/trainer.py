@@ -16,9 +16,6 @@ The stages of set-up and loop (data, load, compile, first_step) are stage record
 (workloads.stages): on a VM appended to the host's file next to the startup script's, which
 `ops status` shows; train_summary.json keeps the boot's stages.
 
-One module on purpose (~560 lines): the phases of a run (set up, restore, loop, summary) share the
-run's state and its checkpoint hooks; the step, the data stream, checkpoints and metrics are their
-own modules.
 """
 
 from __future__ import annotations
