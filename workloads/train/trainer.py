@@ -15,7 +15,6 @@ the final trajectory once.
 The stages of set-up and loop (data, load, compile, first_step) are stage records
 (workloads.stages): on a VM appended to the host's file next to the startup script's, which
 `ops status` shows; train_summary.json keeps the boot's stages.
-
 """
 
 from __future__ import annotations
