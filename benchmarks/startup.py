@@ -439,7 +439,9 @@ def main() -> int:
     measured: dict = {}
     with tempfile.TemporaryDirectory(prefix="startup-bench-") as tmp:
         scratch = pathlib.Path(tmp)
-        if not args.skip_venv:
+        if not args.skip_venv and shutil.which("zstd") is None:
+            print("note: no `zstd` on PATH: the venv archive is not measured (apt install zstd)")
+        elif not args.skip_venv:
             (scratch / "venv").mkdir()
             measured["venv"] = measure_venv(scratch / "venv")
         (scratch / "stage").mkdir()
