@@ -157,3 +157,26 @@ def test_the_deviceless_check_lays_out_devices_unlike_the_trainer():
     assert [d.id for d in check_mesh.devices.flat] == [0, 1, 2, 3]
     assert [d.id for d in trainer_mesh.devices.flat] == [0, 2, 1, 3]
     assert {d.device_kind for d in devices} == {"TPU v5"}
+
+
+@pytest.mark.slow
+def test_the_trainer_survives_a_background_failure_with_one_line(config_for, tmp_path, monkeypatch):
+    """A broken background compile costs the run nothing but the line saying so: the first
+    step compiles the step itself and the run finishes."""
+    from workloads.train import trainer
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("abstract trace failed\nlong XLA dump ...")
+
+    monkeypatch.setattr(compile_ahead, "lower_step", broken)
+    cfg = config_for(
+        tmp_path / "run", train={"max_steps": 1, "compile_cache_dir": str(tmp_path / "cache")}
+    )
+    lines: list[str] = []
+    result = trainer.train(cfg, log=lines.append)
+    assert result.final_step == 1
+    failed = [line for line in lines if line.startswith("compile-ahead: failed")]
+    assert failed == [
+        "compile-ahead: failed (RuntimeError: abstract trace failed); the first step compiles "
+        "instead"
+    ]
