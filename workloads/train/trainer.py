@@ -29,9 +29,26 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from workloads import adapter_meta, catalog, errors, runconfig, staged_base, stages, storage
+from workloads import (
+    adapter_meta,
+    catalog,
+    errors,
+    parallel_load,
+    runconfig,
+    staged_base,
+    stages,
+    storage,
+)
 from workloads import model as model_lib
-from workloads.train import checkpoints, guards, packed_attention, resume, runlock, step
+from workloads.train import (
+    checkpoints,
+    compile_ahead,
+    guards,
+    packed_attention,
+    resume,
+    runlock,
+    step,
+)
 from workloads.train import lora as lora_lib
 from workloads.train import metrics as metrics_lib
 from workloads.train import stream as stream_lib
@@ -132,8 +149,8 @@ def build_lora_model(
     cfg: runconfig.RunConfig, model_dir: pathlib.Path, mesh: jax.sharding.Mesh
 ) -> tuple[nnx.Module, int]:
     """The base model with adapters, sharded on the mesh. Returns it and the base's size."""
-    with mesh:
-        base = model_lib.load_model(model_dir, mesh=mesh, dtype=cfg.model.dtype)
+    with mesh:  # no host copy for matching dtypes, transfers in parallel (parallel_load)
+        base = parallel_load.load_model(model_dir, mesh=mesh, dtype=cfg.model.dtype)
     base_params = model_lib.parameter_count(base)
     model = lora_lib.apply_lora(base, cfg.lora, mesh=mesh, seed=cfg.data.seed)
     model_lib.set_remat(model, cfg.train.remat)
@@ -304,6 +321,7 @@ class _Prepared:
     resume_step: int  # the newest intact checkpoint (0: none)
     lock: runlock.RunLock | None  # held by the writing process until the run ends
     stage_log: stages.StageLog  # data, load, compile, first_step (workloads.stages)
+    ahead: compile_ahead.CompileAhead | None = None  # the step compiling beside the loading
 
 
 @dataclasses.dataclass
@@ -485,6 +503,10 @@ def _set_up_locked(
             f"note: train.warmup_steps={train_cfg.warmup_steps} >= {total_steps} steps; "
             f"warming up over {max(total_steps - 1, 0)} steps instead"
         )
+    # The step compiles from abstract shapes while the weights load (compile_ahead).
+    ahead = compile_ahead.start(
+        cfg, hf_config, mesh, total_steps, kernel=uses_kernel(cfg, mesh), log=log
+    )
     log(
         f"loading {model_dir} ({cfg.model.dtype}) on mesh fsdp={train_cfg.mesh.fsdp} "
         f"tp={train_cfg.mesh.tp} ({jax.device_count()} {jax.devices()[0].platform} devices)"
@@ -528,6 +550,7 @@ def _set_up_locked(
         resume_step,
         lock,
         stage_log,
+        ahead,
     )
 
 
@@ -561,6 +584,8 @@ def _loop(
     SIGTERM handler; the segment file is written whatever happens."""
     import jax
 
+    if prepared.ahead is not None:  # its executable must be in the cache before the step asks
+        prepared.ahead.wait()
     cfg, train_cfg = prepared.cfg, prepared.cfg.train
     stop_at = prepared.total_steps
     if stop_after_steps is not None:
@@ -613,10 +638,20 @@ def _loop(
 
     trainer.checkpoint_manager.before_save = before_save
     mesh, seed = prepared.mesh, cfg.data.seed
+    cache_report = compile_ahead.CacheReport()
+    reported = False
+
+    def on_step_end(ctx: Any, step: int, loss: float) -> None:
+        nonlocal reported
+        step_metrics(ctx, step, loss)
+        if not reported and train_cfg.compile_cache_dir:
+            reported = True
+            log(cache_report.step_line())
+
     trainer.with_training_hooks(
         _make_hooks(
             lambda ctx: lora_lib.seed_dropout(ctx.model, seed, ctx.iter_steps, mesh),
-            step_metrics,
+            on_step_end,
         )
     )
 
@@ -642,7 +677,7 @@ def _loop(
         prepared.stage_log.start("first_step", at=loop_started)
     status = "failed"
     try:
-        with mesh, segment.compile:
+        with mesh, segment.compile, cache_report:
             trainer.train(stream)  # closes the trainer: final metrics + final checkpoint
         status = "finished" if trainer.train_steps >= prepared.total_steps else "stopped"
     except BaseException:
