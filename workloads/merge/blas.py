@@ -1,11 +1,12 @@
-"""Runs numpy's BLAS on one thread, for reproducible merged weights and workers that do not fight.
+"""Runs the BLAS on one thread, for reproducible merged weights and workers that do not fight.
 
-A BLAS rounds a matrix product differently depending on how many threads share it (measured with
-numpy's OpenBLAS: the same 512-row LoRA delta on 1 and on 2 threads differs in the last bit of
-some elements, enough to flip the bf16 rounding of a merged weight). The merge therefore computes
-every delta on one BLAS thread and gets its parallelism from worker processes instead; a worker
-gets the setting from its environment before it loads numpy, this process through the BLAS's
-own call (threadpoolctl does the same; it is not a dependency of the project).
+The merge's products are scipy's sgemm (mapping.py); numpy and scipy each ship an OpenBLAS, and
+both are pinned. A BLAS rounds a matrix product differently depending on how many threads share
+it (measured with numpy's OpenBLAS: the same 512-row LoRA delta on 1 and on 2 threads differs
+in the last bit of some elements, enough to flip the bf16 rounding of a merged weight). The merge
+therefore computes every delta on one BLAS thread and gets its parallelism from worker processes
+instead; a worker gets the setting from its environment before it loads its BLAS, this process
+through the BLAS's own call (threadpoolctl does the same; it is not a dependency of the project).
 """
 
 from __future__ import annotations
@@ -25,8 +26,12 @@ _SUFFIXES = ("", "64_", "_64")
 
 @functools.cache
 def _openblas_calls() -> list[tuple[ctypes._CFuncPtr, ctypes._CFuncPtr]]:
-    """(set_num_threads, get_num_threads) of every OpenBLAS loaded in this process (numpy loads
-    its BLAS when it is imported, so the answer does not change once numpy is in)."""
+    """(set_num_threads, get_num_threads) of every OpenBLAS loaded in this process (numpy and
+    scipy.linalg.blas load theirs when imported: both are imported first, so the answer does not
+    change afterwards)."""
+    import numpy  # noqa: F401 - loads the BLAS, so that it can be found
+    import scipy.linalg.blas  # noqa: F401 - the merge's products (mapping.py)
+
     paths = set()
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
@@ -53,14 +58,13 @@ def _openblas_calls() -> list[tuple[ctypes._CFuncPtr, ctypes._CFuncPtr]]:
 
 @contextlib.contextmanager
 def single_threaded() -> Iterator[bool]:
-    """numpy's OpenBLAS on one thread inside the block (the previous count is restored).
+    """numpy's and scipy's OpenBLAS on one thread inside the block (the previous counts are
+    restored).
 
     Yields:
         False when no OpenBLAS was found to pin (another BLAS: its products may then depend on
         its thread count).
     """
-    import numpy  # noqa: F401 - loads the BLAS, so that it can be found
-
     calls = _openblas_calls()
     saved = [int(getter()) for _, getter in calls]
     for setter, _ in calls:
