@@ -50,29 +50,13 @@ ROW_BLOCK = 512
 FUSED_ADD_MAX_RANK = 128
 
 
-def _sgemm(left: np.ndarray, right: np.ndarray, out: np.ndarray, beta: float) -> None:
-    """out = left @ right + beta * out, float32, by one BLAS call writing `out` in place.
-
-    scipy's sgemm is column-major: a C-ordered (n, cols) block is the column-major (cols, n)
-    matrix out.T = right.T @ left.T, which is how numpy's matmul hands a row-major product to its
-    BLAS too. The operands are made contiguous first (a few hundred kB), so no call copies `out`.
-    """
-    from scipy.linalg.blas import sgemm
-
-    a = np.ascontiguousarray(right).T  # Fortran-ordered (cols, r); no copy when row-major
-    b = np.ascontiguousarray(left).T  # Fortran-ordered (r, n)
-    result = sgemm(1.0, a, b, beta=beta, c=out.T, overwrite_c=True)
-    if not np.shares_memory(result, out):  # out was not a C-ordered block: never in the merge
-        out[...] = result.T
-
-
 @dataclasses.dataclass(frozen=True)
 class Delta:
     """The LoRA update of one HF tensor: `left @ right`, shape (rows, cols), float32.
 
-    Every product is one single-threaded sgemm call of scipy's OpenBLAS per block of `row_block`
-    rows, both in `rows` (the naive whole-tensor merge uses it) and in `add_rows_to` (the streamed
-    merge), so the two give the same bits.
+    Every product is one single-threaded sgemm of numpy's OpenBLAS per block of `row_block` rows:
+    numpy's matmul in `rows` (the naive whole-tensor merge uses it), the same cblas call with
+    beta = 1 in `add_rows_to` (the streamed merge), so the two give the same bits.
 
     Attributes:
         hf_name: the tensor it is added to.
@@ -89,8 +73,9 @@ class Delta:
     row_block: int = ROW_BLOCK
 
     def __post_init__(self) -> None:
-        # Row-major float32 factors once, so that no product copies them again (the mapping's
-        # transposes are views; copies here cost each factor once, then the views are freed).
+        # Row-major float32 factors once, as the BLAS call of add_rows_to needs them (the
+        # mapping's transposes are views; copies here cost each factor once, then the views are
+        # freed), and as numpy's matmul would otherwise copy them for every block.
         for name in ("left", "right"):
             value = getattr(self, name)
             object.__setattr__(self, name, np.ascontiguousarray(value, dtype=np.float32))
@@ -120,7 +105,7 @@ class Delta:
         with blas.single_threaded():
             for begin in range(start, stop, self.row_block):
                 end = min(begin + self.row_block, stop)
-                _sgemm(self.left[begin:end], self.right, out[begin - start : end - start], 0.0)
+                np.matmul(self.left[begin:end], self.right, out=out[begin - start : end - start])
         return out
 
     def add_rows_to(self, base: np.ndarray, start: int) -> np.ndarray:
@@ -133,13 +118,21 @@ class Delta:
         """
         stop = start + base.shape[0]
         self._check_aligned(start, stop)
-        if self.left.shape[1] > FUSED_ADD_MAX_RANK:
+        fused = (
+            self.left.shape[1] <= FUSED_ADD_MAX_RANK
+            and base.dtype == np.float32
+            and base.flags.c_contiguous
+            and blas.has_sgemm()
+        )
+        if not fused:
             base += self.rows(start, stop)
             return base
         with blas.single_threaded():
             for begin in range(start, stop, self.row_block):
                 end = min(begin + self.row_block, stop)
-                _sgemm(self.left[begin:end], self.right, base[begin - start : end - start], 1.0)
+                blas.sgemm_accumulate(
+                    self.left[begin:end], self.right, base[begin - start : end - start]
+                )
         return base
 
     def full(self) -> np.ndarray:
