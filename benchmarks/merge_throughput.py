@@ -13,15 +13,19 @@ asked for (and each repeat):
   streaming pass: read, merge, sha256, write, fsync, index last), in its own process so that peak
   RSS is its alone;
 
-and prints both rates and their ratio (on a shared machine the ratio of two runs taken back to
-back is the number to read; the rates move with the load). Last, once:
+and prints both rates, their ratio, the cores used and the load average before each pair (on a
+shared machine the ratio of two runs taken back to back is the number to read; the rates move with
+the load). Last, once:
 
 - naive: what the paper's recipe does: load every tensor into RAM, add each whole delta to the
   whole tensor, write one safetensors file; its output is compared byte for byte with the
   streamed one.
 
+Before the runs it prints the CPU seconds per GB of each step of merging a LoRA target (read, widen,
+product + add, non-finite check, round, sha256, write), on one core's CPU clock (`--skip-profile`).
+
 Usage: python benchmarks/merge_throughput.py [--size-gb 3.5] [--shard-size 1GB] [--workdir DIR]
-           [--workers 1,auto] [--repeats 1] [--skip-naive]
+           [--workers 1,auto] [--repeats 1] [--skip-naive] [--skip-profile]
 (`taskset -c 0 python benchmarks/...` measures the merge as if the host had one core.)
 """
 

@@ -183,6 +183,22 @@ def test_the_product_accumulated_into_the_base_equals_adding_the_finished_delta(
         delta.add_rows_to(base[:10].copy(), 3)
 
 
+@pytest.mark.parametrize(("rows", "cols"), [(2 * mapping.ROW_BLOCK + 1, 300), (700, 1), (1, 1)])
+def test_one_row_or_one_column_blocks_match_numpy_s_matrix_vector_product(rows, cols):
+    """numpy computes a one-row (or one-column) product as gemv, which rounds differently from
+    gemm: such blocks take numpy's product, so the merge still matches the naive one."""
+    rng = np.random.default_rng(rows + cols)
+    delta = mapping.Delta(
+        "w",
+        rng.standard_normal((rows, 64), dtype=np.float32),
+        rng.standard_normal((64, cols), dtype=np.float32),
+        "layers.0.mlp.up_proj",
+    )
+    base = rng.standard_normal((rows, cols), dtype=np.float32)
+    expected = base + delta.full()
+    assert delta.add_rows_to(base.copy(), 0).tobytes() == expected.tobytes()
+
+
 def test_the_delta_is_the_float32_product_of_the_factors():
     """The BLAS products against float64 (a wrong operand order or transpose would be far off)."""
     rng = np.random.default_rng(1)

@@ -44,9 +44,9 @@ ROW_BLOCK = 512
 
 # Largest rank whose product `add_rows_to` accumulates straight into the base rows (GEMM with
 # beta = 1). OpenBLAS sums the whole inner dimension of a product in registers when it fits one of
-# its K panels (at least 128 on every x86 kernel), then adds C once: fl(C + fl(sum)), the same bits
-# as adding the finished delta. A larger rank is summed panel by panel into C, which would round
-# differently, so it takes the separate add.
+# its K panels (GEMM_Q, several hundred on its x86 kernels), then adds C once: fl(C + fl(sum)), the
+# same bits as adding the finished delta (tested up to this rank). A larger rank could be summed
+# panel by panel into C, which would round differently, so it takes the separate add.
 FUSED_ADD_MAX_RANK = 128
 
 
@@ -130,9 +130,13 @@ class Delta:
         with blas.single_threaded():
             for begin in range(start, stop, self.row_block):
                 end = min(begin + self.row_block, stop)
-                blas.sgemm_accumulate(
-                    self.left[begin:end], self.right, base[begin - start : end - start]
-                )
+                rows = base[begin - start : end - start]
+                if end - begin == 1 or self.shape[1] == 1:
+                    # numpy's matmul computes a one-row or one-column product as a
+                    # matrix-vector product (gemv), which rounds differently from a gemm.
+                    rows += np.matmul(self.left[begin:end], self.right)
+                else:
+                    blas.sgemm_accumulate(self.left[begin:end], self.right, rows)
         return base
 
     def full(self) -> np.ndarray:

@@ -162,10 +162,10 @@ def merged_blocks(
     """Submits the merged tensor to `writer`, block of rows by block of rows: float32(base) +
     delta, cast back to the base dtype. Yields the bytes of each block as it is submitted.
 
-    Per block, three passes over memory besides the read: the base widened to float32 (exact),
-    the delta's product accumulated into it by the BLAS (mapping.Delta.add_rows_to: no separate
-    add), one min/max over the sum (the non-finite check) and the cast back, written straight
-    into the writer's buffer. A float32 tensor is read straight into that buffer and summed there.
+    Per block: the base widened to float32 (exact), the delta's product accumulated into it by
+    the BLAS (mapping.Delta.add_rows_to: no separate add pass), one min and one max over the sum
+    (the non-finite check) and the cast back, written straight into the writer's buffer. A
+    float32 tensor is read straight into that buffer and summed there.
     """
     dtype = st.float_dtype(info.dtype)
     assert dtype is not None  # stream.check_targets refused anything else
