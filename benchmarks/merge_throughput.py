@@ -13,15 +13,19 @@ asked for (and each repeat):
   streaming pass: read, merge, sha256, write, fsync, index last), in its own process so that peak
   RSS is its alone;
 
-and prints both rates and their ratio (on a shared machine the ratio of two runs taken back to
-back is the number to read; the rates move with the load). Last, once:
+and prints both rates, their ratio, the cores used and the load average before each pair (on a
+shared machine the ratio of two runs taken back to back is the number to read; the rates move with
+the load). Last, once:
 
 - naive: what the paper's recipe does: load every tensor into RAM, add each whole delta to the
   whole tensor, write one safetensors file; its output is compared byte for byte with the
   streamed one.
 
+Before the runs it prints the CPU seconds per GB of each step of merging a LoRA target (read, widen,
+product + add, non-finite check, round, sha256, write), on one core's CPU clock (`--skip-profile`).
+
 Usage: python benchmarks/merge_throughput.py [--size-gb 3.5] [--shard-size 1GB] [--workdir DIR]
-           [--workers 1,auto] [--repeats 1] [--skip-naive]
+           [--workers 1,auto] [--repeats 1] [--skip-naive] [--skip-profile]
 (`taskset -c 0 python benchmarks/...` measures the merge as if the host had one core.)
 """
 
@@ -287,6 +291,78 @@ def worker_naive(base: str, run: str, out: str) -> dict:
     }
 
 
+def stage_profile(scratch: pathlib.Path, rank: int, repeats: int = 5) -> list[tuple[str, float]]:
+    """CPU seconds per GB of bf16 weights of each step the merge takes on a LoRA target, measured
+    with the thread's CPU clock (so other jobs on a shared machine do not count) on 512-row blocks
+    of the 31B model's two widths (5,376 and 21,504 columns), best of `repeats`: what a core spends
+    per GB whatever the load, against which the wall-clock rates are read."""
+    totals: dict[str, float] = {}
+    gb = 0.0
+    for cols in (5376, 21504):
+        for name, seconds in _profile_width(scratch, rank, cols, repeats).items():
+            totals[name] = totals.get(name, 0.0) + seconds
+        gb += 512 * cols * 2 / 1e9
+    return [(name, seconds / gb) for name, seconds in totals.items()]
+
+
+def _profile_width(scratch: pathlib.Path, rank: int, cols: int, repeats: int) -> dict[str, float]:
+    import hashlib
+
+    import ml_dtypes
+    import numpy as np
+
+    from workloads.merge import blas, mapping
+    from workloads.merge.shard_worker import overflow_limit
+
+    rng = np.random.default_rng(cols)
+    rows = mapping.ROW_BLOCK
+    limit = overflow_limit(np.dtype(ml_dtypes.bfloat16))
+    delta = mapping.Delta(
+        "w",
+        rng.standard_normal((rows, rank), dtype=np.float32) * 0.01,
+        rng.standard_normal((rank, cols), dtype=np.float32) / 64,
+        "profile",
+    )
+    base = random_bf16(rng, (rows, cols))
+    path, written = scratch / "profile.bin", scratch / "profile.out"
+    path.write_bytes(base.tobytes())
+    raw = np.empty(base.nbytes, np.uint8)
+    acc = np.empty((rows, cols), np.float32)
+    out = np.empty((rows, cols), ml_dtypes.bfloat16)
+    out_bytes = out.view(np.uint8).reshape(-1)
+    fd = os.open(path, os.O_RDONLY)
+    sink = os.open(written, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    steps = {
+        "read (pread, page cache)": lambda: os.preadv(fd, [raw], 0),
+        "widen bf16 -> f32": lambda: np.copyto(
+            acc, raw.view(ml_dtypes.bfloat16).reshape(rows, cols), casting="unsafe"
+        ),
+        f"product + add (sgemm beta=1, rank {rank})": lambda: delta.add_rows_to(acc, 0),
+        "non-finite check (min/max)": lambda: acc.max() < limit and acc.min() > -limit,
+        "round f32 -> bf16": lambda: np.copyto(out, acc, casting="unsafe"),
+        "sha256 (OpenSSL)": lambda: hashlib.sha256(memoryview(out_bytes)),
+        "write (page cache)": lambda: os.pwrite(sink, out_bytes, 0),
+    }
+    best: dict[str, float] = {}
+    try:
+        with blas.single_threaded():
+            for name, step in steps.items():
+                step()
+                best[name] = min(_thread_seconds(step) for _ in range(repeats))
+    finally:
+        os.close(fd)
+        os.close(sink)
+        path.unlink()
+        written.unlink()
+    return best
+
+
+def _thread_seconds(step) -> float:
+    started = time.thread_time()
+    step()
+    return time.thread_time() - started
+
+
 def compare_outputs(streamed: pathlib.Path, naive: pathlib.Path) -> tuple[int, float]:
     """Tensors whose bytes differ between the two outputs, and the largest |difference|."""
     import numpy as np
@@ -413,6 +489,9 @@ def main() -> int:
     )
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory")
     parser.add_argument("--skip-naive", action="store_true", help="only the streamed merge")
+    parser.add_argument(
+        "--skip-profile", action="store_true", help="no CPU profile of the merge's steps"
+    )
     parser.add_argument("--worker", choices=("streamed", "naive"), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -449,6 +528,16 @@ def main() -> int:
             flush=True,
         )
         gb = info["base_bytes"] / 1e9
+        if not args.skip_profile:
+            profile = stage_profile(workdir, args.rank)
+            print(
+                table(
+                    [("step of a LoRA target (one core)", "CPU s per GB")]
+                    + [(name, f"{value:.2f}") for name, value in profile]
+                    + [("sum", f"{sum(v for _, v in profile):.2f}")]
+                ),
+                flush=True,
+            )
         rows = [
             (
                 "run",
@@ -459,6 +548,7 @@ def main() -> int:
                 "whole merge s",
                 "CPU s/GB: merge pass (whole), cp",
                 "peak RSS GiB (main + per worker)",
+                "load avg",
             )
         ]
         ratios: dict[int, list[float]] = {}
@@ -466,6 +556,7 @@ def main() -> int:
         for repeat in range(args.repeats):
             for count in counts:
                 # cp right before the merge, so both see the same load on a shared machine.
+                load = os.getloadavg()[0]
                 cp_seconds, cp_cpu = time_cp(workdir / "base", workdir / "cp-copy")
                 last = run_worker("streamed", workdir, args.shard_size, count, f"-{repeat}")
                 ratio = cp_seconds / last["stream_seconds"]
@@ -481,6 +572,7 @@ def main() -> int:
                         f"{last['stream_cpu_seconds'] / gb:.2f} ({last['cpu_seconds'] / gb:.2f}), "
                         f"{cp_cpu / gb:.2f}",
                         f"{last['peak_rss'] / 2**30:.2f} + {last['worker_peak_rss'] / 2**30:.2f}",
+                        f"{load:.1f}",
                     )
                 )
                 print(table([rows[0], rows[-1]]).splitlines()[-1], flush=True)
@@ -490,7 +582,8 @@ def main() -> int:
         for workers, values in sorted(ratios.items()):
             print(
                 f"{workers} worker(s): merge at {100 * min(values):.0f}-{100 * max(values):.0f}% "
-                f"of cp over {len(values)} run(s) (median {100 * statistics.median(values):.0f}%)"
+                f"of cp over {len(values)} run(s) (median {100 * statistics.median(values):.0f}%) "
+                f"on {workers} of {len(os.sched_getaffinity(0))} cores"
             )
         print(
             "merge GB/s: tensor bytes over the streaming pass (plan, read, merge, sha256, write, "
@@ -513,7 +606,11 @@ def main() -> int:
                 else f"streamed and naive outputs differ in {differing} tensor(s): "
                 f"max |diff| {worst:g}"
             )
-        print(f"(scratch {workdir}; {os.cpu_count()} CPU cores; cp and merge read the same files)")
+        print(
+            f"(scratch {workdir}; {len(os.sched_getaffinity(0))} CPU cores usable, "
+            f"{os.cpu_count()} in the machine; cp and merge read the same files; load avg: the "
+            "1-minute load average before each cp)"
+        )
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -162,3 +162,51 @@ def test_a_target_without_factors_in_any_layer_is_noted_in_one_line():
         "lora_meta.json targets down_proj but the checkpoint holds no LoRA factors for it in any "
         "layer; the merge leaves those weights as in the base"
     )
+
+
+@pytest.mark.parametrize("rank", [16, 64, mapping.FUSED_ADD_MAX_RANK, 192])
+def test_the_product_accumulated_into_the_base_equals_adding_the_finished_delta(rank):
+    """add_rows_to (one BLAS call with beta = 1, one pass less) gives the bits of base + rows()
+    at the 31B model's widths, for the mapping's transposed (non-contiguous) factors, a short last
+    block and a start past row 0; rank 192 takes the separate add."""
+    rng = np.random.default_rng(rank)
+    rows, cols = 2 * mapping.ROW_BLOCK + 37, 5376
+    b = rng.standard_normal((rank, rows), dtype=np.float32) * 0.01  # B (r, F): left = B.T
+    a = rng.standard_normal((cols, rank), dtype=np.float32) / 64  # A (D, r): right = A.T
+    delta = mapping.Delta("w", b.T, a.T, "layers.0.mlp.up_proj")
+    base = rng.standard_normal((rows, cols), dtype=np.float32) * 0.02
+    for start, stop in ((0, rows), (mapping.ROW_BLOCK, rows), (0, mapping.ROW_BLOCK)):
+        expected = base[start:stop] + delta.rows(start, stop)
+        got = delta.add_rows_to(base[start:stop].copy(), start)
+        assert got.tobytes() == expected.tobytes()
+    with pytest.raises(ValueError, match="not aligned"):
+        delta.add_rows_to(base[:10].copy(), 3)
+
+
+@pytest.mark.parametrize(("rows", "cols"), [(2 * mapping.ROW_BLOCK + 1, 300), (700, 1), (1, 1)])
+def test_one_row_or_one_column_blocks_match_numpy_s_matrix_vector_product(rows, cols):
+    """numpy computes a one-row (or one-column) product as gemv, which rounds differently from
+    gemm: such blocks take numpy's product, so the merge still matches the naive one."""
+    rng = np.random.default_rng(rows + cols)
+    delta = mapping.Delta(
+        "w",
+        rng.standard_normal((rows, 64), dtype=np.float32),
+        rng.standard_normal((64, cols), dtype=np.float32),
+        "layers.0.mlp.up_proj",
+    )
+    base = rng.standard_normal((rows, cols), dtype=np.float32)
+    expected = base + delta.full()
+    assert delta.add_rows_to(base.copy(), 0).tobytes() == expected.tobytes()
+
+
+def test_the_delta_is_the_float32_product_of_the_factors():
+    """The BLAS products against float64 (a wrong operand order or transpose would be far off)."""
+    rng = np.random.default_rng(1)
+    left = rng.standard_normal((700, 8), dtype=np.float32)
+    right = rng.standard_normal((8, 300), dtype=np.float32)
+    delta = mapping.Delta("w", left, right, "layers.0.mlp.up_proj")
+    exact = left.astype(np.float64) @ right.astype(np.float64)
+    np.testing.assert_allclose(delta.full(), exact, rtol=1e-5, atol=1e-5)
+    base = rng.standard_normal((700, 300), dtype=np.float32)
+    summed = delta.add_rows_to(base.copy(), 0)
+    np.testing.assert_allclose(summed, base + exact, rtol=1e-5, atol=1e-5)

@@ -381,3 +381,60 @@ def test_a_finished_shard_is_uploaded_while_the_next_one_is_written(
     run(tmp_path / "base", local, shard_size=1)
     meta = json.loads(memfs.cat_file(f"/out/{stream.METADATA_FILE}"))
     assert meta["files"] == json.loads((local / stream.METADATA_FILE).read_text())["files"]
+
+
+def _one_element_delta(name, rows, cols, value):
+    """A delta that adds `value` to element [0, 0] only (left e0, right value * e0)."""
+    left = np.zeros((rows, 1), np.float32)
+    left[0, 0] = 1
+    right = np.zeros((1, cols), np.float32)
+    right[0, 0] = value
+    return mapping.Delta(name, left, right, "layers.0.q_einsum", row_block=8)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "top", "step", "finite"),
+    [
+        # bf16's largest is 0x7F7F = 3.3895e38; a float32 sum from 0x7F7F8000 (halfway to 0x7F80)
+        # on rounds to Inf (ties to even), anything below stays finite.
+        (BF16, np.uint32(0x7F7F0000).view(np.float32), np.float32(2.0**119), False),
+        (BF16, np.uint32(0x7F7F0000).view(np.float32), np.float32(2.0**119) * 0.99, True),
+        (np.float16, np.float32(65504), np.float32(16), False),  # 65520 rounds to Inf
+        (np.float16, np.float32(65504), np.float32(15.9), True),
+        (np.float32, np.finfo(np.float32).max, np.finfo(np.float32).max, False),  # f32 Inf
+    ],
+)
+def test_a_sum_that_rounds_to_inf_in_the_tensor_dtype_is_refused(
+    tmp_path, dtype, top, step, finite
+):
+    """The non-finite check works on the float32 sum before the cast: a sum finite in float32
+    that the cast back would round to Inf is refused, one just below is written as naive does."""
+    tensors = synthetic_tensors()
+    weight = np.zeros((48, 32), np.float32)
+    weight[0, 0] = top
+    tensors[Q] = weight.astype(dtype)
+    write_base(tmp_path / "base", tensors)
+    deltas = {Q: _one_element_delta(Q, 48, 32, step)}
+    if finite:
+        run(tmp_path / "base", tmp_path / "out", deltas=deltas)
+        _, merged = read_all(tmp_path / "out")
+        naive = (weight + deltas[Q].full()).astype(dtype)
+        assert np.isfinite(naive).all() and merged[Q].tobytes() == naive.tobytes()
+    else:
+        with np.errstate(over="ignore"):  # the premise: naive casting gives Inf
+            assert not np.isfinite((weight + deltas[Q].full()).astype(dtype)).all()
+        with pytest.raises(errors.UserError, match=r"rows 0-\d+ are not finite"):
+            run(tmp_path / "base", tmp_path / "out", deltas=deltas)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]
+
+
+def test_a_base_target_holding_nan_is_refused(tmp_path):
+    tensors = synthetic_tensors()
+    weight = np.asarray(tensors[Q]).copy()
+    weight[30, 5] = np.nan
+    tensors[Q] = weight
+    write_base(tmp_path / "base", tensors)
+    message = r"q_proj.weight: the merged values of rows 0-47 are not finite"
+    with pytest.raises(errors.UserError, match=message):
+        run(tmp_path / "base", tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]

@@ -15,6 +15,7 @@ import ctypes
 import functools
 import os
 from collections.abc import Iterator
+from typing import Any
 
 # Environment variables a BLAS reads once, when it is loaded.
 THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -86,3 +87,100 @@ def single_threaded_children() -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+# cblas enums (cblas.h): row-major storage, no transpose.
+_ROW_MAJOR, _NO_TRANS = 101, 111
+# cblas_sgemm under the names OpenBLAS builds export it: (name, integer type of its sizes).
+_SGEMM_NAMES = (
+    ("scipy_cblas_sgemm64_", ctypes.c_int64),  # numpy's wheels: 64-bit integer interface
+    ("cblas_sgemm64_", ctypes.c_int64),
+    ("scipy_cblas_sgemm", ctypes.c_int32),
+    ("cblas_sgemm", ctypes.c_int32),
+)
+
+
+@functools.cache
+def _numpy_sgemm() -> tuple[Any, type[ctypes.c_int64] | type[ctypes.c_int32]] | None:
+    """cblas_sgemm of numpy's own OpenBLAS (the library numpy's float32 matmul calls), or None."""
+    import numpy  # noqa: F401 - loads the BLAS, so that it can be found
+
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            paths = sorted(
+                {
+                    line.split()[-1]
+                    for line in maps
+                    if "openblas" in os.path.basename(line.split()[-1]).lower()
+                    and ".so" in line.split()[-1]
+                }
+            )
+    except OSError:
+        return None
+    for path in sorted(paths, key=lambda p: "numpy" not in p):  # numpy's before scipy's
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name, integer in _SGEMM_NAMES:
+            function = getattr(lib, name, None)
+            if function is not None:
+                enum, real, pointer = ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+                function.restype = None
+                function.argtypes = [enum, enum, enum, integer, integer, integer, real]
+                function.argtypes += [pointer, integer, pointer, integer, real, pointer, integer]
+                return function, integer
+    return None
+
+
+def has_sgemm() -> bool:
+    return _numpy_sgemm() is not None
+
+
+def sgemm_accumulate(left: Any, right: Any, out: Any) -> None:
+    """out += left @ right, float32 row-major arrays, by one call of numpy's cblas_sgemm with
+    beta = 1: the call numpy's matmul makes (beta = 0), except that the finished sum of each
+    element is added to `out` instead of stored (see mapping.FUSED_ADD_MAX_RANK).
+
+    Raises:
+        ValueError: an operand that is not a C-contiguous float32 matrix of matching shape.
+        RuntimeError: numpy's OpenBLAS exports no cblas_sgemm (has_sgemm() is False).
+    """
+    import numpy as np
+
+    found = _numpy_sgemm()
+    if found is None:
+        raise RuntimeError("numpy's BLAS exports no cblas_sgemm")
+    function, _ = found
+    (m, k), (k2, n) = left.shape, right.shape
+    if (
+        out.shape != (m, n)
+        or k2 != k
+        or any(
+            a.dtype != np.float32 or not a.flags.c_contiguous or a.ndim != 2
+            for a in (left, right, out)
+        )
+        or not out.flags.writeable
+    ):
+        raise ValueError(
+            f"sgemm_accumulate: needs C-contiguous float32 (m, k) @ (k, n) into (m, n), got "
+            f"{left.shape} @ {right.shape} into {out.shape}"
+        )
+    if m == 0 or n == 0:
+        return
+    function(
+        _ROW_MAJOR,
+        _NO_TRANS,
+        _NO_TRANS,
+        m,
+        n,
+        k,
+        1.0,
+        left.ctypes.data,
+        max(k, 1),
+        right.ctypes.data,
+        n,
+        1.0,  # beta: C = left @ right + C
+        out.ctypes.data,
+        n,
+    )

@@ -14,7 +14,7 @@ in full (derived from the Qwix factor shapes and the HF weight layout):
 | down_proj: (F,r), (r,D)           | mlp.down_proj (D, F)  | B.T                | A.T           |
 
 (`A~(N*H,r)` is A reshaped; projections live under `self_attn.`.)
-The scale alpha / rank is folded into `left`; everything is float32 (views where possible).
+The scale alpha / rank is folded into `left`; both factors are row-major float32.
 """
 
 from __future__ import annotations
@@ -42,10 +42,21 @@ _PARAM_RE = re.compile(r"^layers\.(\d+)\.(attn|mlp)\.(\w+?)\.(?:w|kernel)_lora_(
 # slice of it give the same bits, whatever block size the caller uses and whatever process runs it.
 ROW_BLOCK = 512
 
+# Largest rank whose product `add_rows_to` accumulates straight into the base rows (GEMM with
+# beta = 1). OpenBLAS sums the whole inner dimension of a product in registers when it fits one of
+# its K panels (GEMM_Q, several hundred on its x86 kernels), then adds C once: fl(C + fl(sum)), the
+# same bits as adding the finished delta (tested up to this rank). A larger rank could be summed
+# panel by panel into C, which would round differently, so it takes the separate add.
+FUSED_ADD_MAX_RANK = 128
+
 
 @dataclasses.dataclass(frozen=True)
 class Delta:
     """The LoRA update of one HF tensor: `left @ right`, shape (rows, cols), float32.
+
+    Every product is one single-threaded sgemm of numpy's OpenBLAS per block of `row_block` rows:
+    numpy's matmul in `rows` (the naive whole-tensor merge uses it), the same cblas call with
+    beta = 1 in `add_rows_to` (the streamed merge), so the two give the same bits.
 
     Attributes:
         hf_name: the tensor it is added to.
@@ -61,9 +72,24 @@ class Delta:
     source: str
     row_block: int = ROW_BLOCK
 
+    def __post_init__(self) -> None:
+        # Row-major float32 factors once, as the BLAS call of add_rows_to needs them (the
+        # mapping's transposes are views; copies here cost each factor once, then the views are
+        # freed), and as numpy's matmul would otherwise copy them for every block.
+        for name in ("left", "right"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, np.ascontiguousarray(value, dtype=np.float32))
+
     @property
     def shape(self) -> tuple[int, int]:
         return (self.left.shape[0], self.right.shape[1])
+
+    def _check_aligned(self, start: int, stop: int) -> None:
+        if start % self.row_block or (stop % self.row_block and stop != self.shape[0]):
+            raise ValueError(
+                f"{self.hf_name}: rows [{start}, {stop}) are not aligned to blocks of "
+                f"{self.row_block} rows"
+            )
 
     def rows(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
         """Rows [start, stop) of the delta, float32 (into `out` when given), computed block by
@@ -73,12 +99,7 @@ class Delta:
             ValueError: `start` (or `stop`, unless it is the last row) is not a multiple of
                 `row_block`.
         """
-        total = self.shape[0]
-        if start % self.row_block or (stop % self.row_block and stop != total):
-            raise ValueError(
-                f"{self.hf_name}: rows [{start}, {stop}) are not aligned to blocks of "
-                f"{self.row_block} rows"
-            )
+        self._check_aligned(start, stop)
         if out is None:
             out = np.empty((stop - start, self.shape[1]), np.float32)
         with blas.single_threaded():
@@ -86,6 +107,37 @@ class Delta:
                 end = min(begin + self.row_block, stop)
                 np.matmul(self.left[begin:end], self.right, out=out[begin - start : end - start])
         return out
+
+    def add_rows_to(self, base: np.ndarray, start: int) -> np.ndarray:
+        """base += rows [start, start + len(base)) of the delta, in place, float32: the same bits
+        as `base + self.rows(...)` with one pass over `base` fewer (the product is accumulated
+        into it; ranks above FUSED_ADD_MAX_RANK add the finished delta instead).
+
+        Raises:
+            ValueError: the rows are not aligned to `row_block` (see `rows`).
+        """
+        stop = start + base.shape[0]
+        self._check_aligned(start, stop)
+        fused = (
+            self.left.shape[1] <= FUSED_ADD_MAX_RANK
+            and base.dtype == np.float32
+            and base.flags.c_contiguous
+            and blas.has_sgemm()
+        )
+        if not fused:
+            base += self.rows(start, stop)
+            return base
+        with blas.single_threaded():
+            for begin in range(start, stop, self.row_block):
+                end = min(begin + self.row_block, stop)
+                rows = base[begin - start : end - start]
+                if end - begin == 1 or self.shape[1] == 1:
+                    # numpy's matmul computes a one-row or one-column product as a
+                    # matrix-vector product (gemv), which rounds differently from a gemm.
+                    rows += np.matmul(self.left[begin:end], self.right)
+                else:
+                    blas.sgemm_accumulate(self.left[begin:end], self.right, rows)
+        return base
 
     def full(self) -> np.ndarray:
         return self.rows(0, self.shape[0])

@@ -138,6 +138,19 @@ def block_rows(cols: int, row_block: int, block_bytes: int) -> int:
     return row_block * max(1, block_bytes // (row_block * cols * 4))
 
 
+def overflow_limit(dtype: np.dtype) -> np.float32:
+    """The smallest float32 magnitude that rounds to Inf in `dtype` (round to nearest even): a
+    float32 sum strictly inside (-limit, limit) is finite after the cast, and NaN is never
+    inside."""
+    import ml_dtypes
+
+    if dtype == np.dtype(ml_dtypes.bfloat16):  # halfway from bf16's largest 0x7F7F to 0x7F80
+        return np.uint32(0x7F7F8000).view(np.float32)
+    if dtype == np.float16:  # halfway from 65504 to 65536
+        return np.float32(65520.0)
+    return np.float32(np.inf)
+
+
 def merged_blocks(
     info: st.TensorInfo,
     delta: mapping.Delta,
@@ -147,10 +160,17 @@ def merged_blocks(
     workspace: Workspace | None = None,
 ) -> Iterator[int]:
     """Submits the merged tensor to `writer`, block of rows by block of rows: float32(base) +
-    delta, cast back to the base dtype. Yields the bytes of each block as it is submitted."""
+    delta, cast back to the base dtype. Yields the bytes of each block as it is submitted.
+
+    Per block: the base widened to float32 (exact), the delta's product accumulated into it by
+    the BLAS (mapping.Delta.add_rows_to: no separate add pass), one min and one max over the sum
+    (the non-finite check) and the cast back, written straight into the writer's buffer. A
+    float32 tensor is read straight into that buffer and summed there.
+    """
     dtype = st.float_dtype(info.dtype)
     assert dtype is not None  # stream.check_targets refused anything else
     workspace = workspace or Workspace()
+    limit = overflow_limit(dtype)
     rows, cols = info.shape
     per = min(rows, block_rows(cols, delta.row_block, block_bytes))
     raw = workspace.get("raw", per * cols * info.itemsize)
@@ -158,22 +178,25 @@ def merged_blocks(
     for start in range(0, rows, per):
         n = min(rows, start + per) - start
         nbytes = n * cols * info.itemsize
-        source.readinto(info, start * cols * info.itemsize, memoryview(raw[:nbytes]))
         out = writer.buffer(nbytes)
-        if dtype == np.float32:  # compute straight into the buffer the writer will write
-            block = delta.rows(start, start + n, out=out.view(np.float32).reshape(n, cols))
-            block += raw[:nbytes].view(dtype).reshape(n, cols)
+        if dtype == np.float32:  # sum in the buffer the writer will write
+            source.readinto(info, start * cols * 4, memoryview(out))
+            block = out.view(np.float32).reshape(n, cols)
         else:
-            block = delta.rows(start, start + n, out=acc[:n])
-            block += raw[:nbytes].view(dtype).reshape(n, cols)
-            np.copyto(out.view(dtype).reshape(n, cols), block, casting="unsafe")
+            source.readinto(info, start * cols * info.itemsize, memoryview(raw[:nbytes]))
+            block = acc[:n]
+            np.copyto(block, raw[:nbytes].view(dtype).reshape(n, cols), casting="unsafe")
+        delta.add_rows_to(block, start)
         # A delta that overflows the tensor's dtype (or a base that holds NaN) would ship a
         # model that answers garbage: refuse it here, before the output can look complete.
-        if not np.isfinite(out.view(dtype)).all():
+        # min/max propagate NaN, and Inf or a value that rounds to Inf is outside the limit.
+        if block.size and not (block.max() < limit and block.min() > -limit):
             raise errors.UserError(
                 f"{info.name}: the merged values of rows {start}-{start + n - 1} are not finite "
                 f"(NaN/Inf) after adding the LoRA delta of {delta.source}; nothing written"
             )
+        if dtype != np.float32:
+            np.copyto(out.view(dtype).reshape(n, cols), block, casting="unsafe")
         writer.submit(out)
         yield nbytes
 
