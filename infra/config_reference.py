@@ -5,24 +5,21 @@
 
 Every key comes from the pydantic model (`infra.config.StackConfig`): its camelCase path as users
 type it, type, default, the range or values the model allows and its description. "Checked by"
-lists the rules of `infra.validation` that read the key, found by reading the rules' code: each
-attribute path a rule takes from the config (directly, through a local name, through a helper
-it passes the config to, or through a StackConfig property) is a key it reads. The same walk
-drives the schema's property test (tests/infra/test_config_fuzz.py), so a new key is documented
-and fuzzed without anyone listing it.
+lists the rules of `infra.validation` that read the key, as each rule declares them
+(`validation.READS`; a test runs the rules on recording configs and fails on an undeclared
+read). The same key walk drives the schema's property test (tests/infra/test_config_fuzz.py),
+so a new key is documented and fuzzed without anyone listing it.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import enum
 import functools
 import inspect
 import pathlib
 import sys
-import textwrap
 import types
 import typing
 from collections.abc import Iterator
@@ -31,7 +28,7 @@ from typing import Any
 import pydantic
 
 from infra import config as config_mod
-from infra import sizing, validation
+from infra import validation
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "config.md"
@@ -161,120 +158,25 @@ def sections() -> dict[str, type[pydantic.BaseModel]]:
 # --------------------------------------------------------------------------- rules -> keys
 
 
-def _attribute_chain(node: ast.expr) -> tuple[str, tuple[str, ...]] | None:
-    """`a.b.c` -> ("a", ("b", "c")); None for anything else."""
-    names: list[str] = []
-    while isinstance(node, ast.Attribute):
-        names.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        return node.id, tuple(reversed(names))
-    return None
-
-
-@functools.cache
-def _module_functions() -> dict[str, ast.FunctionDef]:
-    """The functions a rule may call by name: the rules' module and the estimates it imports."""
-    out = {}
-    for module in (sizing, validation):
-        tree = ast.parse(inspect.getsource(module))
-        out.update({n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)})
-    return out
-
-
-@functools.cache
-def _properties() -> dict[str, ast.FunctionDef]:
-    """StackConfig's properties (cfg.training_region and friends), by name."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(config_mod.StackConfig)))
-    cls = tree.body[0]
-    assert isinstance(cls, ast.ClassDef)
-    return {
-        n.name: n
-        for n in cls.body
-        if isinstance(n, ast.FunctionDef)
-        and any(
-            isinstance(d, ast.Name) and d.id in ("property", "cached_property")
-            for d in n.decorator_list
-        )
-    }
-
-
-def _reads(function: ast.FunctionDef, bound: dict[str, tuple[str, ...]], depth: int = 0) -> set:
-    """Attribute paths of the config that `function` reads, with its parameters `bound` to
-    config paths (() = the whole config)."""
-    aliases = dict(bound)
-    found: set[tuple[str, ...]] = set()
-    functions = _module_functions()
-
-    def resolve(node: ast.expr) -> tuple[str, ...] | None:
-        chain = _attribute_chain(node)
-        if chain is None or chain[0] not in aliases:
-            return None
-        return aliases[chain[0]] + chain[1]
-
-    # Only whole chains count (`cfg.training.mesh.tp`, not its `cfg.training` part), and a chain
-    # that only names a local alias (`t = cfg.training`) counts through the alias's uses.
-    inner: set[int] = set()
-    locals_: set[str] = set()
-    for node in ast.walk(function):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, (ast.Attribute, ast.Name)):
-            inner.add(id(node.value))
-        if isinstance(node, ast.Assign) and len(node.targets) == 1:
-            target = node.targets[0]
-            path = resolve(node.value)
-            if isinstance(target, ast.Name) and path is not None:
-                aliases[target.id] = path
-                locals_.add(target.id)
-                inner.add(id(node.value))
-    for node in ast.walk(function):
-        if isinstance(node, ast.Attribute) and id(node) not in inner:
-            path = resolve(node)
-            if path is not None:
-                found.add(path)
-        elif (
-            isinstance(node, ast.Name)
-            and isinstance(node.ctx, ast.Load)
-            and node.id in locals_
-            and id(node) not in inner
-        ):
-            # A bare use of an alias (`tp = cfg.serving.tensorParallelSize; if tp < 1`).
-            found.add(aliases[node.id])
-        elif isinstance(node, ast.Call) and depth < 4:
-            callee = node.func.id if isinstance(node.func, ast.Name) else None
-            if callee in functions:
-                params = [a.arg for a in functions[callee].args.args]
-                passed = {
-                    param: path
-                    for param, arg in zip(params, node.args, strict=False)
-                    if (path := resolve(arg)) is not None
-                }
-                if passed:
-                    found |= _reads(functions[callee], passed, depth + 1)
-    expanded: set[tuple[str, ...]] = set()
-    for path in found:
-        if len(path) >= 1 and path[0] in _properties() and depth < 4:
-            expanded |= _reads(_properties()[path[0]], {"self": ()}, depth + 1)
-        else:
-            expanded.add(path)
-    return expanded
+def _covered(declared: str, keys: dict[str, Key]) -> list[str]:
+    """The leaf keys a declared path names: itself, or every key under a section."""
+    if declared in keys:
+        return [declared]
+    under = [path for path in keys if path.startswith(declared + ".")]
+    if not under:
+        raise ValueError(f"infra.validation.READS names {declared!r}, which is no stack key")
+    return under
 
 
 @functools.cache
 def rules_by_key() -> dict[str, tuple[str, ...]]:
-    """Key path -> names of the validation rules that read it."""
-    by_attrs = {key.attrs: key.path for key in iter_keys()}
+    """Key path -> names of the validation rules that read it (from validation.READS)."""
+    keys = {key.path: key for key in iter_keys()}
     out: dict[str, set[str]] = {}
-    rules = [*validation.RULES, validation.rule_hf_token]
-    functions = _module_functions()
-    for rule in rules:
-        function = functions[rule.__name__]
-        config_param = function.args.args[0].arg
-        for path in _reads(function, {config_param: ()}):
-            # A read of a section (or of a leaf's own attribute, like .items()) counts for the
-            # leaf keys under it that the rule could see.
-            for attrs, key in by_attrs.items():
-                if attrs[: len(path)] == path or path[: len(attrs)] == attrs:
-                    out.setdefault(key, set()).add(rule.__name__)
+    for rule, declared in validation.READS.items():
+        for path in declared:
+            for key in _covered(path, keys):
+                out.setdefault(key, set()).add(rule)
     return {key: tuple(sorted(names)) for key, names in out.items()}
 
 

@@ -25,6 +25,24 @@ from workloads import catalog, runconfig
 
 StackConfig = config_mod.StackConfig
 Rule = Callable[[StackConfig], list[str]]
+AnyRule = Callable[..., list[str]]
+
+# The stack-config keys each rule reads, as users type them (a section stands for every key
+# under it), by rule name. docs/config.md's "Checked by" column is made from this table, and
+# tests/infra/test_validation_reads.py runs every rule on recording configs to prove that no
+# rule reads a key it does not declare.
+READS: dict[str, tuple[str, ...]] = {}
+
+
+def reads(*keys: str) -> Callable[[AnyRule], AnyRule]:
+    """Declares the keys the decorated rule reads (see READS)."""
+
+    def declare(rule: AnyRule) -> AnyRule:
+        READS[rule.__name__] = keys
+        return rule
+
+    return declare
+
 
 GB = catalog.GB
 
@@ -69,6 +87,22 @@ def _accelerator(name: str) -> catalog.Accelerator | None:
 # Names
 
 
+@reads(
+    "labels",
+    "namePrefix",
+    "project",
+    "runName",
+    "serving.enabled",
+    "serving.nodeName",
+    "serving.zone",
+    "ssh.user",
+    "storage.bucketName",
+    "storage.location",
+    "storage.servingBucketName",
+    "storage.servingLocation",
+    "training.nodeName",
+    "training.zone",
+)
 def rule_names(cfg: StackConfig) -> list[str]:
     """Names valid for GCP: project id, prefix, node names, bucket names, run name, labels."""
     problems = []
@@ -134,6 +168,7 @@ def rule_names(cfg: StackConfig) -> list[str]:
     return problems
 
 
+@reads("model.hfId", "network", "serving.servedModelName", "subnetwork")
 def rule_references(cfg: StackConfig) -> list[str]:
     """Names of things outside the stack that it refers to: the VPC network and subnetwork, the
     Hugging Face repository, and the model name clients ask vLLM for."""
@@ -193,6 +228,17 @@ def _slice_problems(
     return problems
 
 
+@reads(
+    "serving.accelerator",
+    "serving.enabled",
+    "serving.runtimeVersion",
+    "serving.zone",
+    "serving.zoneFallbacks",
+    "training.accelerator",
+    "training.runtimeVersion",
+    "training.zone",
+    "training.zoneFallbacks",
+)
 def rule_slices(cfg: StackConfig) -> list[str]:
     """Accelerator known; runtime matches the generation; zone (and fallbacks) offer the type."""
     problems = _slice_problems(
@@ -227,6 +273,13 @@ def _zone_repeats(section: str, zone: str, fallbacks: Iterable[str]) -> list[str
     return problems
 
 
+@reads(
+    "serving.enabled",
+    "serving.zone",
+    "serving.zoneFallbacks",
+    "training.zone",
+    "training.zoneFallbacks",
+)
 def rule_zone_lists(cfg: StackConfig) -> list[str]:
     """Each zone once per slice: zone first, then zoneFallbacks (a repeat would be tried once and
     the list silently shortened)."""
@@ -246,6 +299,15 @@ def _queue_unused(section: str, provisioning: str, fields_set: Iterable[str]) ->
     ]
 
 
+# The queue sections are read for presence (a queue set without provisioning: queued).
+@reads(
+    "serving.enabled",
+    "serving.provisioning",
+    "serving.queue",
+    "serving.stopAfterHours",
+    "training.provisioning",
+    "training.queue",
+)
 def rule_provisioning(cfg: StackConfig) -> list[str]:
     """Settings that only one capacity model uses are refused with another: the queue settings
     need provisioning: queued; serving.stopAfterHours needs a node that can be stopped. Google's
@@ -294,6 +356,13 @@ def cross_region_fallbacks(cfg: StackConfig) -> list[str]:
     return warnings
 
 
+@reads(
+    "serving.enabled",
+    "serving.zone",
+    "storage.location",
+    "storage.servingLocation",
+    "training.zone",
+)
 def rule_bucket_regions(cfg: StackConfig) -> list[str]:
     """A TPU VM reads its bucket in its own region (cross-region reads are slow and billed)."""
     problems = []
@@ -318,6 +387,7 @@ def rule_bucket_regions(cfg: StackConfig) -> list[str]:
 # Model, mesh, batch
 
 
+@reads("data.maxSeqLen", "model.name", "serving.maxModelLen")
 def rule_model(cfg: StackConfig) -> list[str]:
     """A known model, and sequences no longer than its context window."""
     model = cfg.model_spec
@@ -335,6 +405,7 @@ def rule_model(cfg: StackConfig) -> list[str]:
     return problems
 
 
+@reads("model.name", "training.accelerator", "training.mesh.fsdp", "training.mesh.tp")
 def rule_mesh(cfg: StackConfig) -> list[str]:
     """fsdp * tp == JAX devices of the slice; tp divides every sharded head count."""
     problems = []
@@ -361,6 +432,7 @@ def rule_mesh(cfg: StackConfig) -> list[str]:
     return problems
 
 
+@reads("training.accelerator", "training.mesh.fsdp", "training.microBatch")
 def rule_batch(cfg: StackConfig) -> list[str]:
     """The global micro-batch splits evenly over the data-parallel axis and over the hosts."""
     problems = []
@@ -379,6 +451,7 @@ def rule_batch(cfg: StackConfig) -> list[str]:
     return problems
 
 
+@reads("merge.enabled", "serving.enabled")
 def rule_merge(cfg: StackConfig) -> list[str]:
     problems = []
     if cfg.serving.enabled and not cfg.merge.enabled:
@@ -389,6 +462,7 @@ def rule_merge(cfg: StackConfig) -> list[str]:
     return problems
 
 
+@reads("model.name", "serving.accelerator", "serving.enabled", "serving.tensorParallelSize")
 def rule_serving_tp(cfg: StackConfig) -> list[str]:
     """vLLM's TP fits the slice and the heads (vLLM replicates KV heads, so TP must divide the
     query heads and either divide or be a multiple of each KV head count)."""
@@ -415,6 +489,7 @@ def rule_serving_tp(cfg: StackConfig) -> list[str]:
     return problems
 
 
+@reads("serving.enabled", "serving.image")
 def rule_serving_image(cfg: StackConfig) -> list[str]:
     """The serving image can load Gemma 4: official release tags at or above the catalog's
     floor, nightlies from the day the model landed; digests and other repositories pass
@@ -436,6 +511,29 @@ def _shm_room(acc: catalog.Accelerator) -> str:
     )
 
 
+@reads(
+    "data.maxSeqLen",
+    "lora.rank",
+    "lora.targets",
+    "merge.enabled",
+    "model.name",
+    "model.stageDir",
+    "serving.accelerator",
+    "serving.enabled",
+    "serving.hbmUtilization",
+    "serving.kvCacheDtype",
+    "serving.maxModelLen",
+    "serving.minConcurrentSequences",
+    "serving.shmWorkingSetGb",
+    "serving.tensorParallelSize",
+    "training.accelerator",
+    "training.attention",
+    "training.mesh.fsdp",
+    "training.mesh.tp",
+    "training.microBatch",
+    "training.remat",
+    "training.shmWorkingSetGb",
+)
 def rule_memory(cfg: StackConfig) -> list[str]:
     """Weights + working set fit /dev/shm (never the boot disk); HBM fits per chip."""
     problems: list[str] = []
@@ -530,6 +628,14 @@ def _range_problems(key: str, ranges: Iterable[str], allow_anywhere: bool) -> li
     return problems
 
 
+@reads(
+    "serving.apiSourceRanges",
+    "serving.enabled",
+    "ssh.allowFromAnywhere",
+    "ssh.privateKeyFile",
+    "ssh.publicKey",
+    "ssh.sourceRanges",
+)
 def rule_network(cfg: StackConfig) -> list[str]:
     """SSH limited to configured ranges, never 0.0.0.0/0 unless explicitly allowed."""
     problems = []
@@ -563,6 +669,7 @@ def rule_network(cfg: StackConfig) -> list[str]:
     return problems
 
 
+@reads("model.downloadFromHub")
 def rule_hf_token(cfg: StackConfig, has_hf_token: bool | None) -> list[str]:
     if has_hf_token is False and cfg.model.download_from_hub:
         return [
@@ -578,6 +685,7 @@ SSH_PORT = 22
 _GS_URL = re.compile(r"^gs://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]/[^\s]+[^/\s]$")
 
 
+@reads("data.dataset", "storage.bucketName", "storage.location", "training.zone")
 def rule_dataset(cfg: StackConfig) -> list[str]:
     """The training VM reads its data from GCS: a path on this machine, or a malformed URL,
     would fail only on the VM, after the model is staged."""
@@ -594,6 +702,15 @@ def rule_dataset(cfg: StackConfig) -> list[str]:
     return [f"data.dataset: {dataset!r}: not a gs://BUCKET/OBJECT URL of a file (e.g. {where})"]
 
 
+@reads(
+    "serving.bench.enabled",
+    "serving.enabled",
+    "serving.eval.enabled",
+    "serving.eval.maxTokens",
+    "serving.eval.n",
+    "serving.maxModelLen",
+    "serving.port",
+)
 def rule_serving_requests(cfg: StackConfig) -> list[str]:
     """What the serving VM's own eval and benchmark will send fits what vLLM is started with,
     and the API port is not SSH's."""
@@ -641,6 +758,13 @@ def _key_file_problems(path: str | None) -> list[str]:
     return []
 
 
+@reads(
+    "recovery.backendUrl",
+    "recovery.enabled",
+    "recovery.zone",
+    "ssh.privateKeyFile",
+    "ssh.publicKey",
+)
 def rule_recovery(cfg: StackConfig) -> list[str]:
     """The controller needs a gs:// state backend and a key file it can hold (under ~/)."""
     rec = cfg.recovery
@@ -674,6 +798,7 @@ def rule_recovery(cfg: StackConfig) -> list[str]:
 # The serving engine's batching knobs (each knob's own range is checked by its field)
 
 
+@reads("serving.enabled", "serving.maxNumSeqs", "serving.minConcurrentSequences")
 def rule_serving_batching(cfg: StackConfig) -> list[str]:
     """The engine may run as many sequences at once as the HBM check sized the KV cache for."""
     serving = cfg.serving

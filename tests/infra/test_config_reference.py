@@ -34,7 +34,7 @@ def test_rows_carry_type_default_bounds_and_choices():
     assert "> 0, <= 1" in rows["serving.eval.topP"]
 
 
-def test_rules_are_found_through_aliases_helpers_and_properties():
+def test_checked_by_covers_reads_through_aliases_helpers_and_properties():
     rules = config_reference.rules_by_key()
     # Direct reads and a local alias (mesh = cfg.training.mesh).
     for key in ("training.mesh.fsdp", "training.mesh.tp", "training.accelerator", "model.name"):
