@@ -19,7 +19,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
-import logging
 import os
 import pathlib
 from collections.abc import Mapping
@@ -30,8 +29,9 @@ import pydantic
 
 from infra import source_archive, ssh, stack_config
 from infra.config import ConfigError, SshSection
+from workloads import logs
 
-LOG = logging.getLogger("infra.ssh_access")
+LOG = logs.get("ssh")
 
 # The project directory (holding Pulumi.yaml and the stack files) of this machine's checkout:
 # where the program, its dynamic providers and `python -m infra.ops` find the stack file.

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,8 +23,11 @@ import pulumi.dynamic
 
 from infra import dynamic_values, remote, ssh, ssh_access
 from infra.ssh import SshSettings  # the field `ssh` below shadows the module in the class
+from workloads import logs
 
-LOG = logging.getLogger("infra.ssh_deployment")
+# This runs in Pulumi's provider process: what it says reaches `pulumi up` through stderr
+# (workloads.logs explains how).
+LOG = logs.get("deploy")
 
 UNKNOWN = dynamic_values.UNKNOWN  # what preview passes for a value not known yet
 
@@ -134,8 +136,13 @@ def units_sha256(units: Mapping[str, str]) -> str:
     )
 
 
-def _log_step(host: str, step: str) -> None:
-    LOG.info("%s: %s", host, step)
+def progress(vm: str) -> remote.StepHook:
+    """Reports each remote step as `deploy: <vm> <host>: <step>` (the line `pulumi up` shows)."""
+
+    def hook(host: str, step: str) -> None:
+        LOG.info("%s %s: %s", vm, host, step)
+
+    return hook
 
 
 class SshDeploymentProvider(pulumi.dynamic.ResourceProvider):
@@ -238,7 +245,7 @@ class SshDeploymentProvider(pulumi.dynamic.ResourceProvider):
                 remote.RemoteLayout(inputs.remote_root),
                 list(inputs.bundle.units),
                 sudo=inputs.use_sudo,
-                hook=_log_step,
+                hook=progress(inputs.vm),
             )
         finally:
             for conn in conns:
@@ -258,7 +265,7 @@ class SshDeploymentProvider(pulumi.dynamic.ResourceProvider):
                 ready_timeout_s=inputs.ready_timeout_s,
                 ready_initial_delay_s=self.ready_initial_delay_s,
                 settings=settings,
-                hook=_log_step,
+                hook=progress(inputs.vm),
             )
         finally:
             for conn in conns:

@@ -7,7 +7,7 @@ This resource takes an ordered zone list and, optionally, a queue: create places
 the first zone with capacity (waiting in line per zone when queued) and records the zone; a
 later `pulumi up` keeps it there as long as the zone is still listed; description, labels,
 metadata and tags change in place, anything else replaces the node (deleted first: the name is
-fixed). Progress lines go to the provider's stderr, which `pulumi up` shows.
+fixed). Progress lines (`tpu: <node>: ...`) go through workloads.logs, which `pulumi up` shows.
 
 The provider runs in Pulumi's provider process with the user's Application Default
 Credentials (as pulumi-gcp does); Pulumi stores it with dill, by reference to this module.
@@ -15,7 +15,6 @@ Credentials (as pulumi-gcp does); Pulumi stores it with dill, by reference to th
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +22,7 @@ import pulumi
 import pulumi.dynamic
 
 from infra import dynamic_values, tpu_api, tpu_placement
+from workloads import logs
 
 # Inputs that say where and how the node is placed (not part of the node's spec).
 CONTROL_KEYS = ("project", "node_id", "zones", "queue")
@@ -70,11 +70,9 @@ def request_from(props: Mapping[str, Any]) -> tpu_placement.Request:
     )
 
 
-def _say(node_id: str) -> tpu_placement.Say:
-    def say(line: str) -> None:
-        print(f"TPU node {node_id}: {line}", file=sys.stderr, flush=True)
-
-    return say
+def _say(node_id: str) -> logs.Say:
+    say = logs.say("tpu")
+    return lambda line: say(f"{node_id}: {line}")
 
 
 def _outputs(placement: tpu_placement.Placement) -> dict[str, Any]:

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
+import os
+import pathlib
+import subprocess
+import sys
+import threading
 from typing import Any
 
 import dill
+import grpc
 import pulumi.dynamic.dynamic as pulumi_dynamic
 import pytest
+from pulumi.runtime import proto, rpc
 
 from infra import remote, ssh_access, ssh_deployment
 from infra.components import workloads as component
-from tests.deploy.conftest import make_bundle, make_run_config, provider_props
+from tests.deploy.conftest import host, make_bundle, make_run_config, provider_props
 from tests.fixtures.sshd import Worker
 
 FAKE = ssh_access.SshAccess(stack="dev", user="gemma4", key_fingerprint="SHA256:a")
@@ -166,3 +174,58 @@ def test_delete_skips_an_address_that_now_answers_with_another_host_key():
             raise paramiko.BadHostKeyException(self.host, key, key)
 
     assert ssh_deployment._still_ours(_Conn(), None) is False
+
+
+# How Pulumi starts a Python dynamic provider (its pulumi-resource-pulumi-python launcher runs
+# `python -u -m pulumi.dynamic`), with the project directory of the test's machine set first.
+PROVIDER_SERVER = (
+    "import pathlib, runpy, sys\n"
+    "from infra import ssh_access\n"
+    "ssh_access.PROJECT_DIR = pathlib.Path(sys.argv[1])\n"
+    "runpy.run_module('pulumi.dynamic', run_name='__main__')\n"
+)
+
+
+@pytest.mark.sshd
+def test_pulumi_up_shows_the_per_worker_deploy_progress(
+    worker: Worker, wheel: component.Wheel
+) -> None:
+    """`pulumi up` runs the provider in a process of its own, calls it over gRPC, and shows every
+    non-empty line of that process's stderr as a diagnostic of the update: the engine connects
+    no logging channel to a dynamic provider. Here the provider's own server takes a Create the
+    way the engine sends it, and its stderr is read the way the engine reads it; the progress
+    logged with an unconfigured `logging` logger never got there."""
+    provider = ssh_deployment.SshDeploymentProvider()
+    provider.ready_initial_delay_s = 0.1
+    props = provider_props(str(worker.root), wheel, worker.access, [worker.host])
+    props["__provider"] = pulumi_dynamic.serialize_provider(provider)
+    project_dir = pathlib.Path(ssh_access.PROJECT_DIR)  # the sshd fixture's (tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parents[2])}
+    server = subprocess.Popen(
+        [sys.executable, "-u", "-c", PROVIDER_SERVER, str(project_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    shown: list[str] = []
+    assert server.stdout is not None and server.stderr is not None
+    reader = threading.Thread(target=lambda: shown.extend(server.stderr or []), daemon=True)
+    reader.start()
+    try:
+        port = int(server.stdout.readline())
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = proto.ResourceProviderStub(channel)
+            properties = asyncio.run(rpc.serialize_properties(props, {}))
+            urn = "urn:pulumi:dev::gemma4-tpu::pulumi-python:dynamic/gemma4:WorkloadDeployment::t"
+            created = stub.Create(proto.CreateRequest(urn=urn, properties=properties), timeout=120)
+        assert created.id == "gemma4-train-workloads"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        reader.join(timeout=30)
+    lines = [line.rstrip("\n") for line in shown if line.strip()]
+    progress = [line for line in lines if line.startswith("deploy: ")]
+    where = f"deploy: gemma4-train {host(worker)}: "
+    for step in ("check", "upload", "install", "switch", "units", "start", "record"):
+        assert f"{where}{step}" in progress, lines

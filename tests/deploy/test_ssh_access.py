@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import json
-import logging
 import pathlib
 import shutil
 import subprocess
@@ -93,15 +92,16 @@ def test_old_state_paths_are_ignored(
 
 
 def test_another_key_here_is_warned_about(
-    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     key = tmp_path / "id"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     write_stack_file(tmp_path, "dev", user="gemma4", key_file=str(key))
     access = ssh_access.SshAccess(stack="dev", user="gemma4", key_fingerprint="SHA256:other")
-    with caplog.at_level(logging.WARNING, logger="infra.ssh_access"):
-        ssh_access.settings_here(access, tmp_path)
-    assert "SHA256:other" in caplog.text and str(key) in caplog.text
+    ssh_access.settings_here(access, tmp_path)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"ssh: warning: {key} (ssh.privateKeyFile of stack dev here) is key ")
+    assert line.endswith("the deployment was made with key SHA256:other: the workers may refuse it")
 
 
 class Machine:

@@ -40,7 +40,7 @@ def test_create_places_the_node_and_records_the_zone(api: FakeTpu, capsys) -> No
     assert outs["network_endpoints"][0]["access_config"]["external_ip"] == "203.0.113.9"
     assert "__provider" not in outs
     # The progress lines go to the provider's stderr, which `pulumi up` shows.
-    assert "TPU node gemma4-train: us-central1-a: cannot place gemma4-train here" in (
+    assert "tpu: gemma4-train: us-central1-a: cannot place gemma4-train here" in (
         capsys.readouterr().err
     )
 

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from workloads import adapter_meta, catalog, errors, runconfig, storage
+from workloads import adapter_meta, catalog, errors, logs, runconfig, storage
 from workloads import model as model_lib
 from workloads.train import checkpoints, guards, packed_attention, resume, runlock, step
 from workloads.train import lora as lora_lib
@@ -87,8 +87,7 @@ class TrainResult:
         return EXIT_PREEMPTED if self.interrupted else 0
 
 
-def _say(message: str) -> None:
-    print(message, flush=True)
+_say = logs.say("train")  # notes as `train: ...` on stderr; the metrics lines stay on stdout
 
 
 def load_data(cfg: runconfig.RunConfig, model_dir: str) -> stream_lib.PreparedData:
