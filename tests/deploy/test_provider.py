@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import dataclasses
 import os
 import pathlib
 import subprocess
@@ -139,7 +138,7 @@ def test_delete_of_a_vanished_worker_succeeds(worker: Worker, wheel: component.W
     props = provider_props(
         str(worker.root),
         wheel,
-        dataclasses.replace(worker.access, connect_timeout_s=2),
+        worker.access.model_copy(update={"connect_timeout_s": 2}),
         [worker.host],
     )
     worker.stop()
@@ -229,3 +228,49 @@ def test_pulumi_up_shows_the_per_worker_deploy_progress(
     where = f"deploy: gemma4-train {host(worker)}: "
     for step in ("check", "upload", "install", "switch", "units", "start", "record"):
         assert f"{where}{step}" in progress, lines
+
+
+def test_a_state_written_by_an_older_version_still_loads() -> None:
+    """Stacks deployed before the state held only portable values: machine paths, no stack or
+    key fingerprint, every number a float (as Pulumi stores them). They load; the paths go."""
+    units = {"gemma4-train.service": "[Unit]\n"}
+    old = {
+        "vm": "gemma4-train",
+        "hosts": ["10.0.0.1", "10.0.0.2"],
+        "port": 2222.0,
+        "ssh_user": "gemma4",
+        "ssh_key_path": "/home/alice/.ssh/id_ed25519",
+        "known_hosts": "/home/alice/gemma4-tpu/.known_hosts",
+        "connect_timeout_s": 15.0,
+        "use_sudo": True,
+        "wheel_path": "/home/alice/gemma4-tpu/.whl/gemma4_tpu-0.1.0-py3-none-any.whl",
+        "wheel_sha256": "a" * 64,
+        "run_config_yaml": "run_name: demo\n",
+        "run_config_sha256": remote.sha256_text("run_name: demo\n"),
+        "units": units,
+        "units_sha256": ssh_deployment.units_sha256(units),
+        "enable": ["gemma4-train.service"],
+        "start": ["gemma4-train.service"],
+        "remote_root": "/",
+        "ready_timeout_s": 3600.0,
+        "install_deps": True,
+        "fingerprint": "f" * 64,
+        "changed_hosts": ["10.0.0.1:2222"],
+        "__provider": "serialised provider",
+    }
+    inputs = ssh_deployment.DeploymentInputs.model_validate(old)
+    assert inputs.ssh == ssh_access.SshAccess(stack=None, user="gemma4", port=2222)
+    assert type(inputs.ssh.port) is int and inputs.hosts == ["10.0.0.1", "10.0.0.2"]
+    assert inputs.local_bundle().wheel_path == old["wheel_path"]  # an absolute path stays
+    written = inputs.props()
+    assert "ssh_key_path" not in written and "__provider" not in written
+    assert written["known_hosts"] == ".known_hosts"
+    # The hashes are computed as before: the state reads as unchanged content.
+    for key in ("run_config_sha256", "units_sha256", "wheel_sha256", "enable", "start"):
+        assert written[key] == old[key]
+    # Keys that an old state left unset take the one default: a None is not a value.
+    sparse = {k: v for k, v in old.items() if k not in ("connect_timeout_s", "install_deps")}
+    sparse |= {"remote_root": None, "ready_timeout_s": None}
+    loaded = ssh_deployment.DeploymentInputs.model_validate(sparse)
+    assert (loaded.remote_root, loaded.ready_timeout_s) == ("/", 3600.0)
+    assert (loaded.ssh.connect_timeout_s, loaded.bundle.install_deps) == (15.0, True)
