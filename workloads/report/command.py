@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Callable
 from typing import Any
 
-from workloads import catalog, errors, runconfig, storage
+from workloads import catalog, errors, logs, runconfig, storage
 from workloads.evaluation import judge
 from workloads.report import costs, summaries
 
@@ -191,7 +190,7 @@ def main(args: argparse.Namespace) -> int:
     storage.write_text_atomic(
         runconfig.join(out, "report.md"), render_markdown(platforms, found, eval_summary, notes)
     )
-    print(f"report: wrote {out}/report.md", file=sys.stderr)
+    logs.get("report").info(f"wrote {out}/report.md")
     return 0
 
 
