@@ -15,11 +15,12 @@ from typing import Any
 
 import pydantic
 from pulumi.runtime import rpc
+from pydantic.config import JsonDict
 
 UNKNOWN = rpc.UNKNOWN
 """The value a dynamic provider sees for an input that is not known yet (during preview)."""
 
-FLAT = {"flat": True}
+FLAT: JsonDict = {"flat": True}
 """`pydantic.Field(json_schema_extra=FLAT)`: a nested model whose keys sit at the top level of
 the state (SshAccess inside a deployment's state: `ssh_user`, `port`, ... next to `hosts`)."""
 

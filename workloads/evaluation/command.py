@@ -148,13 +148,13 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     # The flags meet the same schema as the config file's eval section (n >= 1, top_p in (0, 1],
     # a timeout > 0, ...): one definition of what is allowed.
     try:
-        section = runconfig.EvalSection.model_validate(
+        checked = runconfig.EvalSection.model_validate(
             {k: v for k, v in settings.items() if k != "model"}
         )
     except pydantic.ValidationError as exc:
         lines = settings_lib.problem_lines(exc.errors(), runconfig.EvalSection)
         raise errors.UserError("eval: " + "; ".join(lines)) from None
-    settings |= section.model_dump()
+    settings |= checked.model_dump()
     too_big = [k for k in settings["ks"] if k > settings["n"]]
     if too_big:
         raise errors.UserError(
