@@ -17,28 +17,22 @@ resolved here like any other (the next `up` rewrites the state without them).
 from __future__ import annotations
 
 import base64
-import dataclasses
 import hashlib
-import logging
 import os
 import pathlib
-from collections.abc import Mapping
-from typing import Any
 
 import paramiko
 import pydantic
 
-from infra import source_archive, ssh, stack_config
+from infra import dynamic_values, source_archive, ssh, stack_config
 from infra.config import ConfigError, SshSection
+from workloads import logs
 
-LOG = logging.getLogger("infra.ssh_access")
+LOG = logs.get("ssh")
 
 # The project directory (holding Pulumi.yaml and the stack files) of this machine's checkout:
 # where the program, its dynamic providers and `python -m infra.ops` find the stack file.
 PROJECT_DIR = source_archive.ROOT
-
-# Keys of the deployment's state that named files on the machine that wrote it (old states).
-MACHINE_LOCAL_KEYS = ("ssh_key_path",)
 
 
 class SshAccessError(Exception):
@@ -81,9 +75,11 @@ def _key_file_fingerprint(path: str) -> str | None:
         return None  # unreadable, or protected by a passphrase: nothing to compare
 
 
-@dataclasses.dataclass(frozen=True)
-class SshAccess:
-    """How to reach the workers, in values that mean the same on every machine.
+class SshAccess(dynamic_values.ProviderState):
+    """How to reach the workers, in values that mean the same on every machine; in the state
+    under the keys `stack`, `ssh_user`, `ssh_key_fingerprint`, `known_hosts`, `port`,
+    `connect_timeout_s`. Old states' machine paths (ssh_key_path, an absolute known_hosts) are
+    ignored.
 
     Attributes:
         stack: the Pulumi stack whose stack file names the key (ssh.privateKeyFile).
@@ -95,38 +91,19 @@ class SshAccess:
         connect_timeout_s: TCP connect and SSH banner timeout of one attempt.
     """
 
-    stack: str | None
-    user: str
-    key_fingerprint: str | None = None
+    stack: str | None = None
+    user: str = pydantic.Field(alias="ssh_user")
+    key_fingerprint: str | None = pydantic.Field(None, alias="ssh_key_fingerprint")
     known_hosts: str = ssh.DEFAULT_KNOWN_HOSTS
     port: int = 22
     connect_timeout_s: float = 15.0
 
-    def to_props(self) -> dict[str, Any]:
-        return {
-            "stack": self.stack,
-            "ssh_user": self.user,
-            "ssh_key_fingerprint": self.key_fingerprint,
-            "known_hosts": self.known_hosts,
-            "port": self.port,
-            "connect_timeout_s": self.connect_timeout_s,
-        }
-
+    @pydantic.field_validator("known_hosts")
     @classmethod
-    def from_props(cls, props: Mapping[str, Any]) -> SshAccess:
-        """Reads to_props() back (numbers cross the Pulumi wire as floats). Old states' machine
-        paths (ssh_key_path, an absolute known_hosts) are ignored."""
-        known = str(props.get("known_hosts") or ssh.DEFAULT_KNOWN_HOSTS)
-        if pathlib.PurePath(known).is_absolute() or known.startswith("~"):
-            known = ssh.DEFAULT_KNOWN_HOSTS
-        return cls(
-            stack=str(props["stack"]) if props.get("stack") else None,
-            user=str(props["ssh_user"]),
-            key_fingerprint=props.get("ssh_key_fingerprint") or None,
-            known_hosts=known,
-            port=int(props.get("port") or 22),
-            connect_timeout_s=float(props.get("connect_timeout_s") or 15.0),
-        )
+    def _inside_the_project(cls, known: str) -> str:
+        if not known or pathlib.PurePath(known).is_absolute() or known.startswith("~"):
+            return ssh.DEFAULT_KNOWN_HOSTS  # an old state's path on another machine
+        return known
 
 
 def portable_path(path: str) -> str:

@@ -14,21 +14,24 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import fabric
 import pulumi
 import pulumi.dynamic
+import pydantic
 
 from infra import dynamic_values, remote, ssh, ssh_access
 from infra.previous_types import renamed_from
 from infra.ssh import SshSettings  # the field `ssh` below shadows the module in the class
+from workloads import logs
 
-LOG = logging.getLogger("infra.ssh_deployment")
+# This runs in Pulumi's provider process: what it says reaches `pulumi up` through stderr
+# (workloads.logs explains how).
+LOG = logs.get("deploy")
 
-UNKNOWN = dynamic_values.UNKNOWN  # what preview passes for a value not known yet
+UNKNOWN = dynamic_values.UNKNOWN  # Pulumi's placeholder, during preview, for a value not known yet
 
 # A different value here means different machines: replace (delete old, then create new).
 REPLACE_KEYS = ("hosts", "remote_root", "vm")
@@ -57,68 +60,44 @@ def _still_ours(conn: Any, settings: Any) -> bool:
         return False
 
 
-@dataclasses.dataclass(frozen=True)
-class DeploymentInputs:
-    """The plain-value inputs of one SshDeployment (what the provider receives).
+class DeploymentInputs(dynamic_values.ProviderState):
+    """The inputs of one SshDeployment, as the provider receives and stores them (flat: the
+    fields of `ssh` and `bundle` sit next to `vm` and `hosts`, with the content hashes).
 
     Attributes:
         vm: TPU node name (for messages and the resource id).
         hosts: addresses of every worker of the VM, worker 0 first.
         ssh: the stack, user, key fingerprint, known_hosts name and port (portable: the key
             file is found on the machine that runs each operation, `settings`).
-        bundle: what is installed on every worker (wheel, run config, units; infra.remote).
+        bundle: what is installed on every worker (wheel, run config, units; infra.remote);
+            its wheel path is relative to the project directory (`local_bundle`).
         use_sudo: prefix privileged commands with `sudo -n` (any user but root).
         remote_root: prefix of every remote path ("/" on real VMs).
         ready_timeout_s: how long to wait for SSH and the startup script's ready marker.
     """
 
     vm: str
-    hosts: Sequence[str]
-    ssh: ssh_access.SshAccess
-    bundle: remote.Bundle
+    hosts: list[str]
+    ssh: ssh_access.SshAccess = pydantic.Field(json_schema_extra=dynamic_values.FLAT)
+    bundle: remote.Bundle = pydantic.Field(json_schema_extra=dynamic_values.FLAT)
     use_sudo: bool = True
     remote_root: str = "/"
     ready_timeout_s: float = 3600.0
 
-    def to_props(self) -> dict[str, Any]:
-        b = self.bundle
-        return {
-            "vm": self.vm,
-            "hosts": list(self.hosts),
-            **self.ssh.to_props(),
-            "use_sudo": self.use_sudo,
-            "wheel_path": b.wheel_path,
-            "wheel_sha256": b.wheel_sha256,
-            "run_config_yaml": b.run_config_yaml,
-            "run_config_sha256": remote.sha256_text(b.run_config_yaml),
-            "units": dict(b.units),
-            "units_sha256": units_sha256(b.units),
-            "enable": list(b.enable),
-            "start": list(b.start),
-            "remote_root": self.remote_root,
-            "ready_timeout_s": self.ready_timeout_s,
-            "install_deps": b.install_deps,
-        }
+    @pydantic.computed_field  # type: ignore[prop-decorator]
+    @property
+    def run_config_sha256(self) -> str:
+        return remote.sha256_text(self.bundle.run_config_yaml)
 
-    @classmethod
-    def from_props(cls, props: Mapping[str, Any]) -> DeploymentInputs:
-        # Numbers cross the Pulumi wire as floats: convert back where an int is meant.
-        return cls(
-            vm=str(props["vm"]),
-            hosts=[str(h) for h in props["hosts"]],
-            ssh=ssh_access.SshAccess.from_props(props),
-            bundle=remote.Bundle(
-                wheel_path=ssh_access.local_path(str(props["wheel_path"])),
-                wheel_sha256=str(props["wheel_sha256"]),
-                run_config_yaml=str(props["run_config_yaml"]),
-                units={str(k): str(v) for k, v in dict(props["units"]).items()},
-                enable=[str(u) for u in props.get("enable") or []],
-                start=[str(u) for u in props.get("start") or []],
-                install_deps=bool(props.get("install_deps", True)),
-            ),
-            use_sudo=bool(props.get("use_sudo", True)),
-            remote_root=str(props.get("remote_root") or "/"),
-            ready_timeout_s=float(props.get("ready_timeout_s") or 3600.0),
+    @pydantic.computed_field  # type: ignore[prop-decorator]
+    @property
+    def units_sha256(self) -> str:
+        return units_sha256(self.bundle.units)
+
+    def local_bundle(self) -> remote.Bundle:
+        """The bundle with its wheel found in this machine's project directory."""
+        return dataclasses.replace(
+            self.bundle, wheel_path=ssh_access.local_path(self.bundle.wheel_path)
         )
 
     def settings(self) -> SshSettings:
@@ -129,14 +108,31 @@ class DeploymentInputs:
         return [ssh.connect(host, settings) for host in self.hosts]
 
 
+class DeploymentOutputs(DeploymentInputs):
+    """What create and update store: the inputs, and what the deploy found.
+
+    Attributes:
+        fingerprint: hash of everything deployed (equal on every worker).
+        changed_hosts: workers the deploy actually changed.
+    """
+
+    fingerprint: str
+    changed_hosts: list[str]
+
+
 def units_sha256(units: Mapping[str, str]) -> str:
     return remote.sha256_text(
         "\n".join(f"{name}\0{remote.sha256_text(text)}" for name, text in sorted(units.items()))
     )
 
 
-def _log_step(host: str, step: str) -> None:
-    LOG.info("%s: %s", host, step)
+def progress(vm: str) -> remote.StepHook:
+    """Reports each remote step as `deploy: <vm> <host>: <step>` (the line `pulumi up` shows)."""
+
+    def hook(host: str, step: str) -> None:
+        LOG.info("%s %s: %s", vm, host, step)
+
+    return hook
 
 
 class SshDeploymentProvider(pulumi.dynamic.ResourceProvider):
@@ -209,20 +205,20 @@ class SshDeploymentProvider(pulumi.dynamic.ResourceProvider):
         )
 
     def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
-        inputs = DeploymentInputs.from_props(props)
-        outs = self._deploy(inputs, props)
+        inputs = DeploymentInputs.model_validate(props)
+        outs = self._deploy(inputs)
         return pulumi.dynamic.CreateResult(id_=f"{inputs.vm}-workloads", outs=outs)
 
     def update(
         self, _id: str, _olds: dict[str, Any], news: dict[str, Any]
     ) -> pulumi.dynamic.UpdateResult:
-        inputs = DeploymentInputs.from_props(news)
-        return pulumi.dynamic.UpdateResult(outs=self._deploy(inputs, news))
+        inputs = DeploymentInputs.model_validate(news)
+        return pulumi.dynamic.UpdateResult(outs=self._deploy(inputs))
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
         # Stopping units is best effort: the VM is usually being deleted too (or was preempted
         # and replaced, and its address may now belong to another machine).
-        inputs = DeploymentInputs.from_props(props)
+        inputs = DeploymentInputs.model_validate(props)
         settings = inputs.settings()
         conns = inputs.connections(settings)
         try:
@@ -239,14 +235,14 @@ class SshDeploymentProvider(pulumi.dynamic.ResourceProvider):
                 remote.RemoteLayout(inputs.remote_root),
                 list(inputs.bundle.units),
                 sudo=inputs.use_sudo,
-                hook=_log_step,
+                hook=progress(inputs.vm),
             )
         finally:
             for conn in conns:
                 conn.close()
 
-    def _deploy(self, inputs: DeploymentInputs, props: Mapping[str, Any]) -> dict[str, Any]:
-        bundle = inputs.bundle
+    def _deploy(self, inputs: DeploymentInputs) -> dict[str, Any]:
+        bundle = inputs.local_bundle()
         settings = inputs.settings()
         conns = inputs.connections(settings)
         try:
@@ -259,21 +255,16 @@ class SshDeploymentProvider(pulumi.dynamic.ResourceProvider):
                 ready_timeout_s=inputs.ready_timeout_s,
                 ready_initial_delay_s=self.ready_initial_delay_s,
                 settings=settings,
-                hook=_log_step,
+                hook=progress(inputs.vm),
             )
         finally:
             for conn in conns:
                 conn.close()
-        outs = {
-            k: v
-            for k, v in props.items()
-            if k != "__provider" and k not in ssh_access.MACHINE_LOCAL_KEYS
-        }
-        outs["units_sha256"] = units_sha256(inputs.bundle.units)
-        outs["run_config_sha256"] = remote.sha256_text(inputs.bundle.run_config_yaml)
-        outs["fingerprint"] = bundle.fingerprint
-        outs["changed_hosts"] = [r.host for r in results if r.changed]
-        return outs
+        return DeploymentOutputs(
+            **dict(inputs),
+            fingerprint=bundle.fingerprint,
+            changed_hosts=[r.host for r in results if r.changed],
+        ).props()
 
 
 class SshDeployment(pulumi.dynamic.Resource, module="gemma4", name="SshDeployment"):
@@ -296,7 +287,7 @@ class SshDeployment(pulumi.dynamic.Resource, module="gemma4", name="SshDeploymen
 
         Args:
             name: resource name.
-            props: DeploymentInputs.to_props() keys; any value may be a pulumi Input (the host
+            props: DeploymentInputs.props() keys; any value may be a pulumi Input (the host
                 list is usually the VM's Output).
             opts: resource options (parent, depends_on).
         """

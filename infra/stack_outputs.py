@@ -83,7 +83,7 @@ def vm_info(outputs: dict[str, Any], role: str, *, require_hosts: bool = True) -
         have = ", ".join(sorted(deployments)) or "none"
         hint = " (the serving VM exists only with serving.enabled: true)" if role == "serve" else ""
         raise OpsError(f"the stack has no {role} VM{hint}; it has: {have}")
-    info = VmInfo.from_output(role, data)
+    info = VmInfo.model_validate({**data, "role": role})
     if require_hosts and not info.hosts:
         raise OpsError(f"the {role} VM {info.vm} has no worker addresses in the stack outputs yet")
     return info

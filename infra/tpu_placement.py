@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from workloads.errors import exception_line
+from workloads.logs import Say
 
 # Words of a refusal that means "not in this zone, now" when the exception's type cannot tell
 # (a fake, or a message wrapped by another layer): stockout and quota.
@@ -154,9 +155,6 @@ class Placement:
     queued_resource: str | None
     refusals: tuple[str, ...] = ()
     adopted: bool = False
-
-
-Say = Callable[[str], None]
 
 
 def classify(exc: BaseException) -> str:

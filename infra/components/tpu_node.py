@@ -7,7 +7,7 @@ This resource takes an ordered zone list and, optionally, a queue: create places
 the first zone with capacity (waiting in line per zone when queued) and records the zone; a
 later `pulumi up` keeps it there as long as the zone is still listed; description, labels,
 metadata and tags change in place, anything else replaces the node (deleted first: the name is
-fixed). Progress lines go to the provider's stderr, which `pulumi up` shows.
+fixed). Progress lines (`tpu: <node>: ...`) go through workloads.logs, which `pulumi up` shows.
 
 The provider runs in Pulumi's provider process with the user's Application Default
 Credentials (as pulumi-gcp does); Pulumi stores it with dill, by reference to this module.
@@ -15,34 +15,64 @@ Credentials (as pulumi-gcp does); Pulumi stores it with dill, by reference to th
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from typing import Any
 
 import pulumi
 import pulumi.dynamic
+import pydantic
 
 from infra import dynamic_values, tpu_api, tpu_placement
+from workloads import logs
+
+
+class TpuNodeInputs(dynamic_values.ProviderState):
+    """What the resource is given: where and how to place the node (project, node_id, zones,
+    queue), then the node's spec named as the Cloud TPU API names its fields."""
+
+    project: str
+    node_id: str
+    zones: list[str]
+    queue: tpu_placement.Queue | None = None
+    accelerator_type: str
+    runtime_version: str
+    description: str | None = None
+    scheduling_config: dict[str, Any] | None = None
+    service_account: dict[str, Any] | None = None
+    network_config: dict[str, Any] | None = None
+    tags: list[str] | None = None
+    labels: dict[str, str] | None = None
+    metadata: dict[str, str] | None = None
+
+    def request(self) -> tpu_placement.Request:
+        return tpu_placement.Request(
+            project=self.project,
+            node_id=self.node_id,
+            zones=tuple(self.zones),
+            node=node_spec(self.props()),
+            queue=self.queue,
+        )
+
+
+class TpuNodeOutputs(TpuNodeInputs):
+    """What create and read report next to the inputs (the resource's outputs)."""
+
+    zone: str
+    state: str = "STATE_UNSPECIFIED"
+    network_endpoints: list[dict[str, Any]] = pydantic.Field(default_factory=list)
+    queued_resource: str | None = None
+    refusals: list[str] = pydantic.Field(default_factory=list)
+
 
 # Inputs that say where and how the node is placed (not part of the node's spec).
 CONTROL_KEYS = ("project", "node_id", "zones", "queue")
-# The node's spec, named as the Cloud TPU API names its fields.
-NODE_KEYS = (
-    "accelerator_type",
-    "runtime_version",
-    "description",
-    "scheduling_config",
-    "service_account",
-    "network_config",
-    "tags",
-    "labels",
-    "metadata",
-)
+# The node's spec.
+NODE_KEYS = tuple(k for k in TpuNodeInputs.model_fields if k not in CONTROL_KEYS)
 # What create and read report (outputs of the resource).
-OUTPUT_KEYS = ("zone", "state", "network_endpoints", "queued_resource", "refusals")
+OUTPUT_KEYS = tuple(k for k in TpuNodeOutputs.model_fields if k not in TpuNodeInputs.model_fields)
 # A change here is a different node: replace it.
 REPLACE_KEYS = tuple(k for k in (*CONTROL_KEYS, *NODE_KEYS) if k not in tpu_placement.UPDATABLE)
-UNKNOWN = dynamic_values.UNKNOWN  # what preview passes for a value not known yet
+UNKNOWN = dynamic_values.UNKNOWN  # Pulumi's placeholder, during preview, for a value not known yet
 
 
 def new_api() -> tpu_placement.PlacementApi:
@@ -55,37 +85,21 @@ def node_spec(props: Mapping[str, Any]) -> dict[str, Any]:
     return {k: props[k] for k in NODE_KEYS if props.get(k) is not None}
 
 
-def request_from(props: Mapping[str, Any]) -> tpu_placement.Request:
-    queue = props.get("queue")
-    return tpu_placement.Request(
-        project=str(props["project"]),
-        node_id=str(props["node_id"]),
-        zones=tuple(props["zones"]),
-        node=node_spec(props),
-        queue=(
-            tpu_placement.Queue(spot=bool(queue["spot"]), valid_for_s=int(queue["valid_for_s"]))
-            if queue
-            else None
-        ),
-    )
+def _say(node_id: str) -> logs.Say:
+    say = logs.say("tpu")
+    return lambda line: say(f"{node_id}: {line}")
 
 
-def _say(node_id: str) -> tpu_placement.Say:
-    def say(line: str) -> None:
-        print(f"TPU node {node_id}: {line}", file=sys.stderr, flush=True)
-
-    return say
-
-
-def _outputs(placement: tpu_placement.Placement) -> dict[str, Any]:
+def _outputs(inputs: TpuNodeInputs, placement: tpu_placement.Placement) -> dict[str, Any]:
     node = placement.node
-    return {
-        "zone": placement.zone,
-        "state": str(node.get("state") or "STATE_UNSPECIFIED"),
-        "network_endpoints": list(node.get("network_endpoints") or []),
-        "queued_resource": placement.queued_resource,
-        "refusals": list(placement.refusals),
-    }
+    return TpuNodeOutputs(
+        **dict(inputs),
+        zone=placement.zone,
+        state=str(node.get("state") or "STATE_UNSPECIFIED"),
+        network_endpoints=list(node.get("network_endpoints") or []),
+        queued_resource=placement.queued_resource,
+        refusals=list(placement.refusals),
+    ).props()
 
 
 def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> tuple[list[str], list[str]]:
@@ -145,10 +159,10 @@ class TpuNodeProvider(pulumi.dynamic.ResourceProvider):
         )
 
     def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
-        request = request_from(props)
+        inputs = TpuNodeInputs.model_validate(props)
+        request = inputs.request()
         placement = tpu_placement.place(new_api(), request, say=_say(request.node_id))
-        outs = {k: v for k, v in props.items() if k != "__provider"}
-        outs |= _outputs(placement)
+        outs = _outputs(inputs, placement)
         return pulumi.dynamic.CreateResult(id_=request.node_name(placement.zone), outs=outs)
 
     def update(

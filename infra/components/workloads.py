@@ -93,7 +93,7 @@ class WorkloadsDeployment(pulumi.ComponentResource):
             remote_root=args.remote_root,
             ready_timeout_s=args.ready_timeout_s,
         )
-        props = {**inputs.to_props(), "hosts": args.hosts}
+        props = {**inputs.props(), "hosts": args.hosts}
         self.deployment = ssh_deployment.SshDeployment(
             f"{name}-workloads", props, pulumi.ResourceOptions(parent=self)
         )
@@ -120,7 +120,7 @@ class WorkloadsDeployment(pulumi.ComponentResource):
 
 def _ops_info(record: VmInfo, hosts: Sequence[str], zone: str | None) -> dict[str, Any]:
     """Pure: the deployment's record with the resolved worker addresses and zone, as exported."""
-    return dataclasses.replace(record, hosts=list(hosts), zone=zone).to_output()
+    return record.model_copy(update={"hosts": list(hosts), "zone": zone}).props()
 
 
 def declare(

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import logging
 import posixpath
 import time
 from collections.abc import Callable, Sequence
@@ -32,8 +31,9 @@ from infra.remote.bundle import Bundle, sha256_text
 from infra.remote.errors import RemoteError
 from infra.remote.layout import RemoteLayout
 from infra.remote.transport import CONNECTION_ERRORS, chain, drop, host_name, run
+from workloads import logs
 
-LOG = logging.getLogger("infra.remote")
+LOG = logs.get("deploy")
 
 # Called as on_step(host, step) before each remote step; the Pulumi provider logs with it and
 # the tests use it to inject faults at a known point.

@@ -7,7 +7,6 @@ the output. A broken connection is dropped so the next call opens a fresh one.
 
 from __future__ import annotations
 
-import logging
 import shlex
 import socket
 import time
@@ -20,8 +19,9 @@ import paramiko
 from infra import ssh
 from infra.remote.errors import ReadyTimeout, RemoteError
 from infra.remote.layout import RemoteLayout
+from workloads import logs
 
-LOG = logging.getLogger("infra.remote")
+LOG = logs.get("deploy")
 
 CONNECTION_ERRORS = (
     paramiko.SSHException,

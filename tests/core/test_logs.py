@@ -51,3 +51,16 @@ def test_the_cli_sets_the_level_from_the_option_or_the_environment(tmp_path, mon
     assert cli.main(["train", "--config", str(config)]) == 2
     assert logging.getLogger(logs.ROOT).level == logging.DEBUG
     logs.configure("info")
+
+
+def test_a_process_nobody_configures_still_speaks():
+    """A Pulumi dynamic provider's process never reaches the CLI that configures the level: its
+    progress must reach stderr all the same (an unconfigured `logging` drops info)."""
+    script = "from workloads import logs; logs.say('deploy')('w0: upload 100%')"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert (proc.returncode, proc.stderr) == (0, "deploy: w0: upload 100%\n")
+
+
+def test_say_prints_the_message_as_it_is(capsys):
+    logs.say("train")("loss 2.5 (100% of steps)")
+    assert capsys.readouterr().err == "train: loss 2.5 (100% of steps)\n"

@@ -112,7 +112,7 @@ def provider_props(
         remote_root=worker_root,
         ready_timeout_s=20,
     )
-    props = {**inputs.to_props(), **changes}
+    props = {**inputs.props(), **changes}
     # What the provider process receives: JSON values, every number a float.
     return json.loads(json.dumps(props), parse_int=float)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import pathlib
 from typing import Any
 
@@ -157,9 +156,29 @@ def test_the_exported_record_reads_back_as_the_same_record():
         run_dir="gs://b/checkpoints/run",
         serve_port=8000,
     )
-    assert VmInfo.from_output("serve", record.to_output()) == record
+    assert VmInfo.model_validate(record.props()) == record
     # The addresses and the zone are those the VM got (a fallback zone when the first was full).
     placed = component._ops_info(
-        dataclasses.replace(record, hosts=[], zone=None), ("10.0.0.9",), "us-east5-b"
+        record.model_copy(update={"hosts": [], "zone": None}), ("10.0.0.9",), "us-east5-b"
     )
     assert (placed["hosts"], placed["zone"]) == (["10.0.0.9"], "us-east5-b")
+
+
+def test_an_older_deployments_output_still_reads():
+    """An output exported before `stack`, `use_sudo` and `start` were recorded, with its numbers
+    as floats: what it meant is read back (sudo for any user but root, the first unit)."""
+    from infra.deployment_record import VmInfo
+
+    old = {
+        "role": "train",
+        "hosts": ["10.0.0.1"],
+        "ssh_user": "root",
+        "ssh_key_path": "/home/alice/.ssh/id_ed25519",
+        "port": 22.0,
+        "units": ["gemma4-train.service", "gemma4-merge.service"],
+        "serve_port": None,
+    }
+    info = VmInfo.model_validate(old)
+    assert (info.vm, info.use_sudo, info.start) == ("train", False, ["gemma4-train.service"])
+    assert (info.access.stack, info.access.port, info.remote_root) == (None, 22, "/")
+    assert type(info.access.port) is int and info.serve_port is None

@@ -31,7 +31,7 @@ def _info(workers: list[Worker], **extra: Any) -> dict[str, Any]:
         "project": "my-project",
         "zone": "us-central1-a",
         "hosts": [w.host for w in workers],
-        **access.to_props(),
+        **access.props(),
         "use_sudo": False,
         "remote_root": str(workers[0].root),
         "units": ["gemma4-merge.service", "gemma4-train.service"],

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
-import dataclasses
+import os
+import pathlib
+import subprocess
+import sys
+import threading
 from typing import Any
 
 import dill
+import grpc
 import pulumi.dynamic.dynamic as pulumi_dynamic
 import pytest
+from pulumi.runtime import proto, rpc
 
 from infra import remote, ssh_access, ssh_deployment, workloads_wheel
-from tests.deploy.conftest import make_bundle, make_run_config, provider_props
+from tests.deploy.conftest import host, make_bundle, make_run_config, provider_props
 from tests.fixtures.sshd import Worker
 
 FAKE = ssh_access.SshAccess(stack="dev", user="gemma4", key_fingerprint="SHA256:a")
@@ -132,7 +139,7 @@ def test_delete_of_a_vanished_worker_succeeds(worker: Worker, wheel: workloads_w
     props = provider_props(
         str(worker.root),
         wheel,
-        dataclasses.replace(worker.access, connect_timeout_s=2),
+        worker.access.model_copy(update={"connect_timeout_s": 2}),
         [worker.host],
     )
     worker.stop()
@@ -169,3 +176,104 @@ def test_delete_skips_an_address_that_now_answers_with_another_host_key():
             raise paramiko.BadHostKeyException(self.host, key, key)
 
     assert ssh_deployment._still_ours(_Conn(), None) is False
+
+
+# How Pulumi starts a Python dynamic provider (its pulumi-resource-pulumi-python launcher runs
+# `python -u -m pulumi.dynamic`), with the project directory of the test's machine set first.
+PROVIDER_SERVER = (
+    "import pathlib, runpy, sys\n"
+    "from infra import ssh_access\n"
+    "ssh_access.PROJECT_DIR = pathlib.Path(sys.argv[1])\n"
+    "runpy.run_module('pulumi.dynamic', run_name='__main__')\n"
+)
+
+
+@pytest.mark.sshd
+def test_pulumi_up_shows_the_per_worker_deploy_progress(
+    worker: Worker, wheel: workloads_wheel.Wheel
+) -> None:
+    """`pulumi up` runs the provider in a process of its own, calls it over gRPC, and shows every
+    non-empty line of that process's stderr as a diagnostic of the update: the engine connects
+    no logging channel to a dynamic provider. Here the provider's own server takes a Create the
+    way the engine sends it, and its stderr is read the way the engine reads it; the progress
+    logged with an unconfigured `logging` logger never got there."""
+    provider = ssh_deployment.SshDeploymentProvider()
+    provider.ready_initial_delay_s = 0.1
+    props = provider_props(str(worker.root), wheel, worker.access, [worker.host])
+    props["__provider"] = pulumi_dynamic.serialize_provider(provider)
+    project_dir = pathlib.Path(ssh_access.PROJECT_DIR)  # the sshd fixture's (tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parents[2])}
+    server = subprocess.Popen(
+        [sys.executable, "-u", "-c", PROVIDER_SERVER, str(project_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    shown: list[str] = []
+    assert server.stdout is not None and server.stderr is not None
+    reader = threading.Thread(target=lambda: shown.extend(server.stderr or []), daemon=True)
+    reader.start()
+    try:
+        port = int(server.stdout.readline())
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = proto.ResourceProviderStub(channel)
+            properties = asyncio.run(rpc.serialize_properties(props, {}))
+            urn = "urn:pulumi:dev::gemma4-tpu::pulumi-python:dynamic/gemma4:WorkloadDeployment::t"
+            created = stub.Create(proto.CreateRequest(urn=urn, properties=properties), timeout=120)
+        assert created.id == "gemma4-train-workloads"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        reader.join(timeout=30)
+    lines = [line.rstrip("\n") for line in shown if line.strip()]
+    progress = [line for line in lines if line.startswith("deploy: ")]
+    where = f"deploy: gemma4-train {host(worker)}: "
+    for step in ("check", "upload", "install", "switch", "units", "start", "record"):
+        assert f"{where}{step}" in progress, lines
+
+
+def test_a_state_written_by_an_older_version_still_loads() -> None:
+    """Stacks deployed before the state held only portable values: machine paths, no stack or
+    key fingerprint, every number a float (as Pulumi stores them). They load; the paths go."""
+    units = {"gemma4-train.service": "[Unit]\n"}
+    old = {
+        "vm": "gemma4-train",
+        "hosts": ["10.0.0.1", "10.0.0.2"],
+        "port": 2222.0,
+        "ssh_user": "gemma4",
+        "ssh_key_path": "/home/alice/.ssh/id_ed25519",
+        "known_hosts": "/home/alice/gemma4-tpu/.known_hosts",
+        "connect_timeout_s": 15.0,
+        "use_sudo": True,
+        "wheel_path": "/home/alice/gemma4-tpu/.whl/gemma4_tpu-0.1.0-py3-none-any.whl",
+        "wheel_sha256": "a" * 64,
+        "run_config_yaml": "run_name: demo\n",
+        "run_config_sha256": remote.sha256_text("run_name: demo\n"),
+        "units": units,
+        "units_sha256": ssh_deployment.units_sha256(units),
+        "enable": ["gemma4-train.service"],
+        "start": ["gemma4-train.service"],
+        "remote_root": "/",
+        "ready_timeout_s": 3600.0,
+        "install_deps": True,
+        "fingerprint": "f" * 64,
+        "changed_hosts": ["10.0.0.1:2222"],
+        "__provider": "serialised provider",
+    }
+    inputs = ssh_deployment.DeploymentInputs.model_validate(old)
+    assert inputs.ssh == ssh_access.SshAccess(stack=None, user="gemma4", port=2222)
+    assert type(inputs.ssh.port) is int and inputs.hosts == ["10.0.0.1", "10.0.0.2"]
+    assert inputs.local_bundle().wheel_path == old["wheel_path"]  # an absolute path stays
+    written = inputs.props()
+    assert "ssh_key_path" not in written and "__provider" not in written
+    assert written["known_hosts"] == ".known_hosts"
+    # The hashes are computed as before: the state reads as unchanged content.
+    for key in ("run_config_sha256", "units_sha256", "wheel_sha256", "enable", "start"):
+        assert written[key] == old[key]
+    # Keys that an old state left unset take the one default: a None is not a value.
+    sparse = {k: v for k, v in old.items() if k not in ("connect_timeout_s", "install_deps")}
+    sparse |= {"remote_root": None, "ready_timeout_s": None}
+    loaded = ssh_deployment.DeploymentInputs.model_validate(sparse)
+    assert (loaded.remote_root, loaded.ready_timeout_s) == ("/", 3600.0)
+    assert (loaded.ssh.connect_timeout_s, loaded.bundle.install_deps) == (15.0, True)

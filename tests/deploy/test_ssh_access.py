@@ -7,10 +7,8 @@ by the other, against real sshd workers.
 
 from __future__ import annotations
 
-import dataclasses
 import getpass
 import json
-import logging
 import pathlib
 import shutil
 import subprocess
@@ -48,14 +46,14 @@ def test_settings_come_from_this_machines_stack_file_and_home(
     assert settings.known_hosts == str(tmp_path / ".known_hosts")
     assert settings.port == 2222
     # No stack file here: the config's defaults, with the user the state recorded.
-    other = ssh_access.settings_here(dataclasses.replace(access, stack="prod"), tmp_path)
+    other = ssh_access.settings_here(access.model_copy(update={"stack": "prod"}), tmp_path)
     assert other.key_path == str(tmp_path / "home/.ssh/id_ed25519")
     assert other.user == "gemma4"
     # privateKeyFile: null here = ssh-agent on this machine.
     (tmp_path / "Pulumi.agent.yaml").write_text(
         "config:\n  gemma4-tpu:ssh:\n    privateKeyFile: null\n"
     )
-    agent = ssh_access.settings_here(dataclasses.replace(access, stack="agent"), tmp_path)
+    agent = ssh_access.settings_here(access.model_copy(update={"stack": "agent"}), tmp_path)
     assert agent.key_path is None
 
 
@@ -78,29 +76,30 @@ def test_old_state_paths_are_ignored(
         "known_hosts": "/home/alice/gemma4-tpu/.known_hosts",
         "port": 22.0,
     }
-    access = ssh_access.SshAccess.from_props(old)
+    access = ssh_access.SshAccess.model_validate(old)
     assert (access.stack, access.known_hosts) == (None, ".known_hosts")
     write_stack_file(tmp_path, "only", user="gemma4", key_file="~/k")
     settings = ssh_access.settings_here(access, tmp_path)  # the project's only stack file
     assert settings.key_path == str(tmp_path / "home/k")
     assert settings.known_hosts == str(tmp_path / ".known_hosts")
     # The diff sees the old state as different connection values: one update rewrites it.
-    news = {**old, **ssh_access.SshAccess(stack="only", user="gemma4").to_props()}
+    news = {**old, **ssh_access.SshAccess(stack="only", user="gemma4").props()}
     news.pop("ssh_key_path")
     diff = ssh_deployment.SshDeploymentProvider().diff("id", old, news)
     assert diff.changes is True and diff.replaces == []
 
 
 def test_another_key_here_is_warned_about(
-    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     key = tmp_path / "id"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     write_stack_file(tmp_path, "dev", user="gemma4", key_file=str(key))
     access = ssh_access.SshAccess(stack="dev", user="gemma4", key_fingerprint="SHA256:other")
-    with caplog.at_level(logging.WARNING, logger="infra.ssh_access"):
-        ssh_access.settings_here(access, tmp_path)
-    assert "SHA256:other" in caplog.text and str(key) in caplog.text
+    ssh_access.settings_here(access, tmp_path)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"ssh: warning: {key} (ssh.privateKeyFile of stack dev here) is key ")
+    assert line.endswith("the deployment was made with key SHA256:other: the workers may refuse it")
 
 
 class Machine:

@@ -202,10 +202,9 @@ def test_the_defaults_are_the_papers():
         ),
         (["--request-timeout", "-5"], "--request-timeout -5.0: need a number of seconds > 0"),
         (["--request-timeout", "nan"], "--request-timeout nan: need a number of seconds > 0"),
-        (
-            ["--sim-timeout", "-1"],
-            "--concurrency 16 / --sim-timeout -1.0: need a concurrency >= 1 and a timeout > 0",
-        ),
+        (["--sim-timeout", "-1"], "eval: sim_timeout_s: -1.0: Input should be greater than 0"),
+        (["-n", "0"], "eval: n: 0: Input should be greater than or equal to 1"),
+        (["--top-p", "1.5"], "eval: top_p: 1.5: Input should be less than or equal to 1"),
         (["--jobs", "0"], "--jobs 0: need at least 1 parallel simulation"),
     ],
 )

@@ -40,7 +40,7 @@ def test_create_places_the_node_and_records_the_zone(api: FakeTpu, capsys) -> No
     assert outs["network_endpoints"][0]["access_config"]["external_ip"] == "203.0.113.9"
     assert "__provider" not in outs
     # The progress lines go to the provider's stderr, which `pulumi up` shows.
-    assert "TPU node gemma4-train: us-central1-a: cannot place gemma4-train here" in (
+    assert "tpu: gemma4-train: us-central1-a: cannot place gemma4-train here" in (
         capsys.readouterr().err
     )
 
@@ -125,3 +125,12 @@ def test_a_preempted_node_is_replaced_never_updated(api: FakeTpu) -> None:
         "state"
     ]
     assert provider.diff(created.id, state, dict(PROPS)).replaces == []
+
+
+def test_stored_inputs_read_back_typed() -> None:
+    """Pulumi hands the inputs back with every number a float and unset values as None."""
+    stored = {**PROPS, "queue": {"spot": True, "valid_for_s": 86400.0}, "labels": None}
+    request = tpu_node.TpuNodeInputs.model_validate({**stored, "__provider": "x"}).request()
+    assert request.queue is not None and type(request.queue.valid_for_s) is int
+    assert (request.queue.spot, request.queue.valid_for_s) == (True, 86400)
+    assert request.zones == ("us-central1-a", "us-east5-a") and "labels" not in request.node

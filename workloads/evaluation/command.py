@@ -17,7 +17,10 @@ import os
 import time
 from typing import Any
 
+import pydantic
+
 from workloads import catalog, errors, logs, runconfig, storage
+from workloads import settings as settings_lib
 from workloads.evaluation import extract, judge, passk, problems, prompting, sampling, sandbox
 
 LOG = logs.get("eval")
@@ -142,17 +145,20 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         raise errors.UserError(
             f"eval needs {' and '.join(missing)} (or --config with an eval section)"
         )
-    if settings["n"] < 1:
-        raise errors.UserError(f"-n {settings['n']}: need at least one sample per problem")
+    # The flags meet the same schema as the config file's eval section (n >= 1, top_p in (0, 1],
+    # a timeout > 0, ...): one definition of what is allowed.
+    try:
+        checked = runconfig.EvalSection.model_validate(
+            {k: v for k, v in settings.items() if k != "model"}
+        )
+    except pydantic.ValidationError as exc:
+        lines = settings_lib.problem_lines(exc.errors(), runconfig.EvalSection)
+        raise errors.UserError("eval: " + "; ".join(lines)) from None
+    settings |= checked.model_dump()
     too_big = [k for k in settings["ks"] if k > settings["n"]]
     if too_big:
         raise errors.UserError(
             f"pass@k with k={too_big} needs at least that many samples; n is {settings['n']}"
-        )
-    if settings["concurrency"] < 1 or not settings["sim_timeout_s"] > 0:
-        raise errors.UserError(
-            f"--concurrency {settings['concurrency']} / --sim-timeout "
-            f"{settings['sim_timeout_s']}: need a concurrency >= 1 and a timeout > 0"
         )
     if not 0 < args.request_timeout < math.inf:  # also refuses nan
         raise errors.UserError(

@@ -32,10 +32,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from workloads import errors, runconfig, storage
+from workloads import errors, logs, runconfig, storage
 from workloads.merge import blas, mapping, shard_worker
 from workloads.merge import safetensors_io as st
 from workloads.merge.shard_worker import BLOCK_BYTES, ShardPlan
@@ -48,11 +48,8 @@ _OLD_MARK = ".merge-old-"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf")
 _NOT_COPIED = {st.INDEX_FILE, METADATA_FILE, "pytorch_model.bin.index.json"}
 
-Log = Callable[[str], None]
-
-
-def _stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+Log = logs.Say
+_SAY = logs.say("merge")
 
 
 def _entry_bound(info: st.TensorInfo, limit: int) -> int:
@@ -64,7 +61,7 @@ def _entry_bound(info: st.TensorInfo, limit: int) -> int:
 
 
 def plan_shards(
-    layout: st.Layout, shard_size: int, metadata: dict[str, str], log: Log = _stderr
+    layout: st.Layout, shard_size: int, metadata: dict[str, str], log: Log = _SAY
 ) -> list[ShardPlan]:
     """Packs the base tensors, in base order, into files of at most `shard_size` bytes (header
     included). A tensor larger than `shard_size` gets a file of its own. Inside a file, wider
@@ -501,7 +498,7 @@ def stream_merge(
     progress: bool = True,
     block_bytes: int = BLOCK_BYTES,
     workers: int | None = None,
-    log: Log = _stderr,
+    log: Log = _SAY,
 ) -> StreamStats:
     """Writes the merged checkpoint of `layout` + `deltas` to `out` (local dir or gs://).
 
@@ -517,7 +514,7 @@ def stream_merge(
         block_bytes: float32 bytes of a target tensor processed at once.
         workers: shards written at once; None = one per core (at most one per shard); 1 = in this
             process. A gs:// base is always read by one worker (one base file staged at a time).
-        log: where notes go (stderr).
+        log: where notes go (workloads.logs: `merge: ...` on stderr).
 
     Raises:
         errors.UserError: a target without base tensor or with another shape, a non-empty output,

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from workloads import catalog, errors, runconfig, storage
+from workloads import catalog, errors, logs, runconfig, storage
 from workloads.evaluation import judge
 from workloads.report import costs, summaries
 
@@ -196,7 +195,7 @@ def main(args: argparse.Namespace) -> int:
             platforms, found, eval_summary, notes, stage_rows=(train_summary or {}).get("stages")
         ),
     )
-    print(f"report: wrote {out}/report.md", file=sys.stderr)
+    logs.get("report").info(f"wrote {out}/report.md")
     return 0
 
 

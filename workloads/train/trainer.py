@@ -33,6 +33,7 @@ from workloads import (
     adapter_meta,
     catalog,
     errors,
+    logs,
     parallel_load,
     runconfig,
     staged_base,
@@ -104,8 +105,7 @@ class TrainResult:
         return EXIT_PREEMPTED if self.interrupted else 0
 
 
-def _say(message: str) -> None:
-    print(message, flush=True)
+_say = logs.say("train")  # notes as `train: ...` on stderr; the metrics lines stay on stdout
 
 
 def load_data(cfg: runconfig.RunConfig, model_dir: str) -> stream_lib.PreparedData:
