@@ -44,6 +44,7 @@ from typing import Any
 from infra import config as config_mod
 from infra import runconfig_render
 from workloads import catalog, runconfig
+from workloads.train import packed_attention
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CACHE_DIR = ROOT / ".compile-check"
@@ -57,15 +58,6 @@ REAL_FRACTION = {False: 0.299, True: 0.994}
 HEADROOM_WARNING = 0.10
 DOES_NOT_FIT = "DOES NOT FIT"
 
-# The attention kernels' FLOPs as they run. workloads/train/packed_attention.py records 2 block
-# matmuls per visited block for the forward kernel (q k^T, p v) and 5 for the backward, the count
-# of a fused backward; the pinned splash kernel's backward runs as two kernels that both recompute
-# the scores: dq (q k^T, dO v^T, dS k) and dk/dv (q k^T, dO v^T, p^T dO, dS^T q), 7 in all. The
-# committed results keep the recorded count (their cache key covers the step's code); the estimate
-# rescales it here.
-FORWARD_BLOCK_MATMULS = 2
-RECORDED_BACKWARD_BLOCK_MATMULS = 5
-BACKWARD_BLOCK_MATMULS = 7
 # The fraction of the chip's bf16 peak the splash kernels are charged at: the fast and the slow
 # end of the band. Flash-style kernels reach well below peak on short blocks; 50-80% brackets what
 # published Pallas/flash kernels report for head dimensions of 256-512.
@@ -84,6 +76,7 @@ STEP_SOURCES = (
     "workloads/train/checkpoints.py",
     "workloads/train/compile_step.py",
     "workloads/train/packed_attention.py",
+    "workloads/train/vocab_loss.py",
 )
 PACKAGES = ("jax", "jaxlib", "libtpu", "google-tunix", "qwix", "flax", "optax")
 _FIELDS = (
@@ -142,7 +135,6 @@ class Estimate:
     fit_note: str
     kernel_flops: float = 0.0
     kernel_seconds: float = 0.0
-    forward_runs: int = 1
     error: str | None = None
 
     @property
@@ -152,18 +144,6 @@ class Estimate:
     @property
     def headroom(self) -> float:
         return 1 - self.peak_bytes / self.hbm_bytes
-
-    @property
-    def kernel_flops_run(self) -> float:
-        """The attention kernels' FLOPs with the backward counted as it runs (7 matmuls)."""
-        recorded = FORWARD_BLOCK_MATMULS * self.forward_runs + RECORDED_BACKWARD_BLOCK_MATMULS
-        run = FORWARD_BLOCK_MATMULS * self.forward_runs + BACKWARD_BLOCK_MATMULS
-        return self.kernel_flops * run / recorded
-
-    @property
-    def flops_run(self) -> float:
-        """FLOPs per micro-step per chip: XLA's count plus the kernels' as they run."""
-        return self.flops - self.kernel_flops + self.kernel_flops_run
 
     @property
     def xla_seconds(self) -> float:
@@ -189,8 +169,8 @@ class Estimate:
         geometric mean (the band is wide in ratio, not in seconds).
         """
         peak = self.peak_flops_per_chip
-        fast = self.xla_seconds + self.kernel_flops_run / (peak * KERNEL_EFFICIENCY[0])
-        slow = self.xla_seconds * self.xla_optimism + self.kernel_flops_run / (
+        fast = self.xla_seconds + self.kernel_flops / (peak * KERNEL_EFFICIENCY[0])
+        slow = self.xla_seconds * self.xla_optimism + self.kernel_flops / (
             peak * KERNEL_EFFICIENCY[1]
         )
         return fast, (fast * slow) ** 0.5, slow
@@ -205,8 +185,7 @@ class Estimate:
     def peak_share_band(self) -> tuple[float, float, float]:
         """XLA's FLOPs (kernels as they run) over the chip's peak: (slow, middle, fast)."""
         return tuple(  # type: ignore[return-value]
-            self.flops_run / (t * self.peak_flops_per_chip) if t else 0.0
-            for t in reversed(self.band)
+            self.flops / (t * self.peak_flops_per_chip) if t else 0.0 for t in reversed(self.band)
         )
 
     @property
@@ -468,8 +447,6 @@ def estimate(
         "base_parameters": spec.text_parameters(),
         "chips": accelerator.jax_devices,
         "peak_flops_per_chip": accelerator.peak_bf16_flops_per_chip,
-        # Under remat the backward pass runs each layer's forward again, its kernels included.
-        "forward_runs": 1 if cfg.training.remat == "none" else 2,
     }
     failed = [r for r in results if r.error is not None]
     if failed:
@@ -527,14 +504,14 @@ def describe(settings: dict[str, Any]) -> str:
 
 
 def _kernel_note(r: DepthResult) -> str:
-    """The attention kernels' share as recorded (backward at 5 matmuls per block; the estimate
-    rescales it), which XLA's cost analysis cannot see and the check adds at peak."""
+    """The attention kernels' share, which XLA's cost analysis cannot see and the compile adds
+    at peak (the band charges them below peak)."""
     flops = r.figures.get("kernel_flops", 0.0)
     if not flops:
         return ""
     return (
         f", of which attention kernels {flops / 1e12:.1f} TFLOP and "
-        f"{r.figures.get('kernel_seconds', 0.0):.3f} s (as recorded, at peak)"
+        f"{r.figures.get('kernel_seconds', 0.0):.3f} s at peak"
     )
 
 
@@ -564,10 +541,10 @@ def report(est: Estimate) -> str:
             f"per chip at {est.layers} layers ({est.fit_note}); estimates, not measurements:",
             f"  peak HBM             {_gib(est.peak_bytes)} of {_gib(est.hbm_bytes)} "
             f"({est.headroom:.0%} free)",
-            f"  FLOPs per micro-step {est.flops_run / 1e12:.1f} TFLOP (XLA's "
+            f"  FLOPs per micro-step {est.flops / 1e12:.1f} TFLOP (XLA's "
             f"{(est.flops - est.kernel_flops) / 1e12:.1f} + attention kernels "
-            f"{est.kernel_flops_run / 1e12:.1f}: {FORWARD_BLOCK_MATMULS} forward and "
-            f"{BACKWARD_BLOCK_MATMULS} backward matmuls per visited block)",
+            f"{est.kernel_flops / 1e12:.1f}: {packed_attention.FORWARD_BLOCK_MATMULS} forward and "
+            f"{packed_attention.BACKWARD_BLOCK_MATMULS} backward matmuls per visited block)",
             f"  est. step time       {middle:.3f} s per micro-step of "
             f"{est.computed_tokens_per_step:,} tokens (band {fast:.3f} - {slow:.3f} s; "
             f"XLA alone: {est.step_seconds:.3f} s)",
