@@ -10,7 +10,8 @@ checked-in stack files. It changes nothing and ends with one verdict line.
 
 `--compile` instead compiles the stack's training step for its TPU topology on this machine, with
 no TPU and no cloud calls (infra/compile_check.py): per-chip peak HBM, FLOPs, XLA's estimated
-step time and the tokens/s and MFU they imply, and whether the step fits.
+step time as a band, the real tokens/s and share of the chips' peak it implies, and whether the
+step fits.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 from infra import config as config_mod
 from workloads import catalog, settings
+from workloads.train import vocab_loss
 
 StackConfig = config_mod.StackConfig
 GB = catalog.GB
@@ -20,7 +21,10 @@ GIB = catalog.GIB
 LORA_STATE_BYTES_PER_PARAM = 16  # f32 param + f32 grad + two f32 AdamW moments
 XLA_RESERVE_BYTES = 1 * GIB  # runtime and XLA scratch per device
 ESTIMATE_MARGIN = 1.10  # fragmentation and temporaries the simple sum does not see
-NO_REMAT_FACTOR = 10  # without remat a layer keeps ~10 activation tensors of [T, D] instead of 1
+# Without remat a layer keeps several activation tensors of [T, D] instead of 1: XLA's compile of
+# the 31B step with no remat (README, Benchmarks) keeps about 6.5 per row and layer; 7 is on the
+# safe side of it.
+NO_REMAT_FACTOR = 7
 VLLM_ACTIVATION_RESERVE_BYTES = 2 * GIB  # vLLM's profiled peak activations per chip
 
 
@@ -48,7 +52,9 @@ def training_hbm_bytes(cfg: StackConfig) -> int:
     + rows * (N / tp) * T * T * 4 B                   one layer's f32 attention scores (dense
                                                       attention only: the kernel keeps none)
     + rows * T * (F / tp) * 2 B * 3                   one layer's MLP activations
-    + rows * T * V * 4 B * 2                          f32 logits and their gradient
+    + rows * C * V * 4 B * 2                          f32 logits and their gradient, for one
+                                                      chunk of C positions (the loss computes
+                                                      the vocabulary C positions at a time)
     times 1.10, plus 1 GiB of runtime reserve. rows = microBatch / fsdp.
     """
     model = cfg.model_spec
@@ -70,7 +76,7 @@ def training_hbm_bytes(cfg: StackConfig) -> int:
     if cfg.training.attention == "kernel":
         attention = 0
     mlp = rows * t * (model.mlp_dim / mesh.tp) * 2 * 3
-    logits = rows * t * model.vocab_size * 4 * 2
+    logits = rows * min(t, vocab_loss.CHUNK_POSITIONS) * model.vocab_size * 4 * 2
     return int(
         (weights + lora + saved + attention + mlp + logits) * ESTIMATE_MARGIN + XLA_RESERVE_BYTES
     )

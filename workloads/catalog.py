@@ -53,7 +53,7 @@ class Accelerator:
         runtime_version: the TPU software version that works for this generation.
         zones: zones that offer this accelerator type (ordered: preferred first).
         hourly_usd: on-demand price of the whole slice, USD per hour.
-        peak_bf16_flops_per_chip: dense bf16 peak, used for the MFU estimate.
+        peak_bf16_flops_per_chip: dense bf16 peak (the compile check charges FLOPs against it).
         topology: the chip layout for the deviceless compile check (None: not supported).
     """
 

@@ -13,7 +13,7 @@ GOOD = {"steps": 10, "wall_seconds": 60.0, "real_tokens": 5000, "tokens_per_seco
 
 
 def test_a_real_summary_passes_through_unchanged():
-    data = {**GOOD, "accelerator": "v5p-8", "data": {"kept": 3}, "mfu": None}
+    data = {**GOOD, "accelerator": "v5p-8", "data": {"kept": 3}}
     assert summaries_lib.check_train_summary(data, "s.json") is data
 
 

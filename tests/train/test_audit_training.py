@@ -279,7 +279,7 @@ def tensorboard_tags(directory: pathlib.Path) -> dict[str, float]:
     return found
 
 
-def test_tensorboard_gets_loss_lr_grad_norm_tokens_per_s_mfu_and_device_memory(tmp_path, capsys):
+def test_tensorboard_gets_loss_lr_grad_norm_tokens_per_s_and_device_memory(tmp_path, capsys):
     from workloads.train import metrics
 
     record = {
@@ -289,8 +289,6 @@ def test_tensorboard_gets_loss_lr_grad_norm_tokens_per_s_mfu_and_device_memory(t
         "grad_norm": 0.75,
         "tokens_per_s": 763.0,
         "computed_tokens_per_s": 2540.0,
-        "mfu": 0.08,
-        "mfu_computed": 0.266,
         "device_memory_bytes": 2**30,
         "peak_device_memory_bytes": 2**31,
         "host_rss_bytes": 2**32,
@@ -300,11 +298,11 @@ def test_tensorboard_gets_loss_lr_grad_norm_tokens_per_s_mfu_and_device_memory(t
     log.log(record)
     log.close()
     tags = tensorboard_tags(tmp_path / "run" / "tensorboard")
-    keys = ("loss", "learning_rate", "grad_norm", "tokens_per_s", "computed_tokens_per_s", "mfu")
-    for key in (*keys, "mfu_computed", "device_memory_bytes", "peak_device_memory_bytes"):
+    keys = ("loss", "learning_rate", "grad_norm", "tokens_per_s", "computed_tokens_per_s")
+    for key in (*keys, "device_memory_bytes", "peak_device_memory_bytes"):
         assert tags[f"train/{key}"] == pytest.approx(record[key], rel=1e-6), key
     line = capsys.readouterr().out.strip()
-    assert "\r" not in line and "mfu 8.0% real / 26.6% computed" in line
+    assert "\r" not in line and "mfu" not in line.lower()  # no 6N figure for a LoRA step
     assert "763 real tok/s (2540 computed)" in line and "mem 1.0GiB" in line
 
 

@@ -17,8 +17,6 @@ def record(step: int) -> dict:
         "grad_norm": 0.5,
         "tokens_per_s": 100.0,
         "computed_tokens_per_s": 120.0,
-        "mfu": None,
-        "mfu_computed": None,
         "device_memory_bytes": None,
         "host_rss_bytes": 2**30,
         "step_seconds": 0.1,
@@ -36,7 +34,7 @@ def test_resume_drops_records_after_the_checkpoint_and_a_cut_line(tmp_path, caps
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == (
         "step 1/6  loss 1.0000  lr 1.00e-04  grad_norm 0.500  100 real tok/s (120 computed)  "
-        "mfu - real / - computed  mem rss 1.0GiB  0.10 s/step"
+        "mem rss 1.0GiB  0.10 s/step"
     )
 
     resumed = metrics.RunLog(str(run), resume_step=3, total_steps=6)

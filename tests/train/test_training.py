@@ -45,12 +45,10 @@ def test_loss_decreases_and_outputs_are_written(reference_run):
         "grad_norm",
         "tokens_per_s",
         "computed_tokens_per_s",
-        "mfu",
-        "mfu_computed",
         "device_memory_bytes",
     ):
         assert key in lines[0]
-    assert lines[0]["mfu"] is None  # no catalog peak for a CPU
+    assert not any("mfu" in key for key in lines[0])  # no 6N figure: it overstates a LoRA step
     assert lines[0]["learning_rate"] == 0.0  # 1 warm-up step, then the peak
     assert lines[1]["learning_rate"] == pytest.approx(5e-3)
     assert any((run / "tensorboard").iterdir())

@@ -293,10 +293,6 @@ def render_markdown(
             "computed tokens/s (padding included)",
             [_num(p.train_computed_tokens_per_s, missing=_gap(p)) for p in platforms],
         ),
-        row(
-            "MFU (6N per real token)",
-            [_num(p.train_mfu, "{:.1%}", missing=_gap(p)) for p in platforms],
-        ),
         row("cost", [_usd(p.train_cost, _gap(p)) for p in platforms]),
         row("$/1M training tokens", [_usd(p.train_usd_per_m_tokens, _gap(p)) for p in platforms]),
         "",

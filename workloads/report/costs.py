@@ -72,8 +72,6 @@ class Platform:
     train_tokens: int | None = None  # real (non-padding) tokens trained on
     # Padding included: what the chips computed (the paper padded every sample to 3,072 tokens).
     train_computed_tokens_per_s: float | None = None
-    # 6 N FLOPs per real token over the slice's bf16 peak (the paper's "about 8%").
-    train_mfu: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -96,12 +94,6 @@ def _tco_table(
     if train is None or serve_rate is None:
         return {}
     return {h: tco(train, serve_rate, h) for h in hours}
-
-
-def real_token_mfu(tokens_per_s: float, accelerator: catalog.Accelerator) -> float:
-    """6 N FLOPs per real token (N: Gemma 4 31B's text parameters) over the slice's bf16 peak."""
-    n = catalog.model("gemma-4-31b").text_parameters()
-    return 6 * n * tokens_per_s / (accelerator.jax_devices * accelerator.peak_bf16_flops_per_chip)
 
 
 def paper_tables(hours: Sequence[int] = TCO_HOURS) -> tuple[Platform, Platform]:
@@ -129,7 +121,6 @@ def paper_tables(hours: Sequence[int] = TCO_HOURS) -> tuple[Platform, Platform]:
         },
         tco=_tco_table(tpu_train, v6e.hourly_usd, hours),
         train_computed_tokens_per_s=paper.train_steps * 8 * 3072 / (paper.train_hours_tpu * 3600),
-        train_mfu=real_token_mfu(paper.train_tokens_per_s_tpu, v5p),
     )
     gpu_column = Platform(
         label="paper GPU",
@@ -183,15 +174,13 @@ def our_platform(
     """
     train_rate = catalog.accelerator(train_accelerator).hourly_usd if train_accelerator else None
     serve_rate = catalog.accelerator(serve_accelerator).hourly_usd if serve_accelerator else None
-    train_hours = tokens_per_s = cost = per_m = tokens = computed_per_s = mfu = None
+    train_hours = tokens_per_s = cost = per_m = tokens = computed_per_s = None
     if train_summary is not None:
         wall = train_summary.get("wall_seconds")
         train_hours = float(wall) / 3600 if wall else None
         tokens_per_s = train_summary.get("tokens_per_second") or None
         tokens = train_summary.get("real_tokens") or None
         computed_per_s = train_summary.get("computed_tokens_per_second") or None
-    if tokens_per_s and train_accelerator:
-        mfu = real_token_mfu(float(tokens_per_s), catalog.accelerator(train_accelerator))
     if train_rate is not None and train_hours is not None:
         cost = train_cost(train_rate, train_hours)
     if train_rate is not None and tokens_per_s:
@@ -214,5 +203,4 @@ def our_platform(
         tco=_tco_table(cost, serve_rate, hours),
         train_tokens=int(tokens) if tokens else None,
         train_computed_tokens_per_s=float(computed_per_s) if computed_per_s else None,
-        train_mfu=mfu,
     )

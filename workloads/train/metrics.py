@@ -3,8 +3,9 @@
 Stdout lines are plain text (no progress bar, no carriage returns) so they read the same in a
 terminal, in `journalctl` and in a CI log. For a gs:// run directory the files are written to a
 local mirror and uploaded when a checkpoint is saved and at the end (GCS objects cannot be
-appended to). The MFU estimate is 6 * N * real tokens/s over the catalog's bf16 peak of the
-devices in use (N = base model parameters); it is null where the catalog has no peak (CPU, GPU).
+appended to). Throughput is real (non-padding) and computed tokens/s, the measured
+counterparts of the compile check's estimate (infra/compile_check.py); no "6N MFU" is logged:
+6 FLOPs per parameter and token overstate a LoRA step, which computes no frozen-weight gradients.
 Each training process also keeps its segment (steps, wall and compile time, tokens) in
 `segments/`, so the run summary totals a preempted and resumed run over all its processes.
 """
@@ -88,14 +89,8 @@ def _fmt_bytes(n: int | None) -> str:
     return f"{size:.1f}TiB"
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
-
-
 def format_line(record: dict[str, Any], total_steps: int) -> str:
     """The stdout line of one step."""
-    mfu = record.get("mfu")
-    mfu_computed = record.get("mfu_computed")
     mem = record.get("device_memory_bytes")
     mem_text = (
         _fmt_bytes(mem) if mem is not None else f"rss {_fmt_bytes(record.get('host_rss_bytes'))}"
@@ -107,7 +102,6 @@ def format_line(record: dict[str, Any], total_steps: int) -> str:
         f"  grad_norm {record['grad_norm']:.3f}"
         f"  {record['tokens_per_s']:.0f} real tok/s"
         f" ({record.get('computed_tokens_per_s', 0.0):.0f} computed)"
-        f"  mfu {_pct(mfu)} real / {_pct(mfu_computed)} computed"
         f"  mem {mem_text}"
         f"  {record['step_seconds']:.2f} s/step"
     )

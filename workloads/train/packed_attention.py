@@ -32,6 +32,10 @@ if TYPE_CHECKING:
     import jax
     from flax import nnx
 
+# Block matmuls per visited (query block, key block) pair and head, as the kernels run them
+# (see `_record_costs`).
+FORWARD_BLOCK_MATMULS = 2
+BACKWARD_BLOCK_MATMULS = 7
 # Largest first: fewer, longer kernel steps; the row length must be a multiple of the block.
 BLOCK_SIZES = (512, 256, 128)
 
@@ -46,7 +50,7 @@ class KernelCosts:
     """FLOPs of the splash kernels traced into one step, per chip (one shard of heads and rows).
 
     forward: the forward kernels (q k^T and p v over the visited key blocks).
-    backward: the dq and dk/dv kernels (recomputed scores, then three matmuls per block).
+    backward: the dq and dk/dv kernels, 7 matmuls per visited block (see `_record_costs`).
     """
 
     forward: float = 0.0
@@ -262,9 +266,10 @@ def _record_costs(mask: Any, rows: int, heads: int, head_dim: int, block: int) -
     """Adds this call's kernel FLOPs (per chip) to the active `recording_costs`, if any.
 
     Forward: two matmuls (q k^T, p v) of block x block x head_dim per visited (query block, key
-    block) pair and head. Backward (dq and dk/dv kernels): the scores again, then dp = do v^T,
-    dq = ds k, dv = p^T do, dk = ds^T q: five matmuls per visited block. A block is visited when
-    the mask allows any entry of it, as the kernel decides from the same mask.
+    block) pair and head. Backward: the pinned splash kernel runs it as two kernels that each
+    recompute the scores: dq (q k^T, dp = do v^T, dq = ds k: three matmuls) and dk/dv (q k^T,
+    dp = do v^T, dv = p^T do, dk = ds^T q: four), seven per visited block in all. A block is
+    visited when the mask allows any entry of it, as the kernel decides from the same mask.
     """
     costs = _COSTS.get()
     if costs is None:
@@ -274,5 +279,5 @@ def _record_costs(mask: Any, rows: int, heads: int, head_dim: int, block: int) -
     visited = sum(bool(mask[q : q + block, k : k + block].any()) for q in starts for k in starts)
     per_block = 2 * block * block * head_dim
     per_chip = rows * heads * visited
-    costs.forward += 2 * per_block * per_chip
-    costs.backward += 5 * per_block * per_chip
+    costs.forward += FORWARD_BLOCK_MATMULS * per_block * per_chip
+    costs.backward += BACKWARD_BLOCK_MATMULS * per_block * per_chip

@@ -6,11 +6,13 @@ with positions restarting per sample, so a packed sample sees exactly what it wo
 (the model adds the sliding-window band itself). The loss is the mean next-token NLL over the
 tokens the model must predict (loss_mask, shifted by one: position t predicts token t + 1).
 Only the LoRA weights, the optimizer state and the dropout RNG go in and out of the step
-(TrainableOnlyStep); the frozen base weights are read only.
+(TrainableOnlyStep); the frozen base weights are read only. The vocabulary's logits are
+computed in chunks of positions (workloads.train.vocab_loss), never all at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import flax.struct
 
 from workloads import runconfig
-from workloads.train import checkpoints, packed_attention
+from workloads.train import checkpoints, packed_attention, vocab_loss
 
 if TYPE_CHECKING:
     import jax
@@ -72,17 +74,27 @@ def token_nll(
 
     With `segment_ids`, attention layers swapped by `packed_attention.use_kernel` run the kernel
     on them (the dense mask then goes unused and XLA drops it); other layers use the mask.
+    The logits over the vocabulary are never held whole: the model stops at its final norm and
+    `vocab_loss.chunked_nll` computes them a chunk of positions at a time. A model without
+    tunix's embedder (a stand-in returning logits) is scored on the logits it returns.
     """
     import jax
     import jax.numpy as jnp
 
-    if segment_ids is None:
+    packed = (
+        packed_attention.packed_rows(segment_ids)
+        if segment_ids is not None
+        else contextlib.nullcontext()
+    )
+    with packed, vocab_loss.hidden_states() as captured:
         logits, _ = model(input_tokens, positions, None, attention_mask)
-    else:
-        with packed_attention.packed_rows(segment_ids):
-            logits, _ = model(input_tokens, positions, None, attention_mask)
-    logits = logits[:, :-1].astype(jnp.float32)
     targets = input_tokens[:, 1:]
+    if "hidden" in captured:
+        # Every position is scored (the last one against a dummy target) and the last dropped:
+        # the hidden states keep their length, a multiple of the chunk.
+        padded = jnp.pad(targets, ((0, 0), (0, 1)))
+        return vocab_loss.chunked_nll(captured["embedder"], captured["hidden"], padded)[:, :-1]
+    logits = logits[:, :-1].astype(jnp.float32)
     # A gather instead of a one-hot over the vocabulary: [B, T, 262144] would not fit for 31B.
     picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     return jax.nn.logsumexp(logits, axis=-1) - picked

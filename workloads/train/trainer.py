@@ -182,8 +182,6 @@ class _StepMetrics:
         *,
         cfg: runconfig.RunConfig,
         schedule: optax.Schedule,
-        base_params: int,
-        peak_flops: float | None,
         run_log: metrics_lib.RunLog,
         segment: metrics_lib.Segment,
         last_step: int,
@@ -193,8 +191,6 @@ class _StepMetrics:
         self.cfg = cfg
         self.stage_log = stage_log
         self.schedule = schedule
-        self.base_params = base_params
-        self.peak_flops = peak_flops
         self.run_log = run_log
         self.segment = segment
         self.last_step = last_step
@@ -207,14 +203,6 @@ class _StepMetrics:
 
     def start(self) -> None:
         self.clock = time.time()
-
-    def mfu(self, tokens_per_s: float) -> float | None:
-        """6 * N * tokens/s over the devices' bf16 peak (None without a catalog peak). Counted
-        on real tokens it is the paper's measure; on computed tokens (padding included) it is
-        how busy the chips were."""
-        if self.peak_flops is None:
-            return None
-        return 6 * self.base_params * tokens_per_s / self.peak_flops
 
     def __call__(self, ctx: Any, step: int, loss: float) -> None:
         if step <= self.logged_through:
@@ -290,8 +278,6 @@ class _StepMetrics:
             "step_seconds": seconds,
             "tokens_per_s": tokens_per_s,
             "computed_tokens_per_s": computed_per_s,
-            "mfu": self.mfu(tokens_per_s),
-            "mfu_computed": self.mfu(computed_per_s),
             "device_memory_bytes": in_use,
             "peak_device_memory_bytes": peak,
             "host_rss_bytes": metrics_lib.host_rss(),
@@ -598,7 +584,7 @@ def _loop(
         skip=resumed_from * grad_accum,
         preempted=stream_lib.preemption_sync_point() if jax.process_count() > 1 else None,
     )
-    acc_name, peak_flops = metrics_lib.accelerator()
+    acc_name, _ = metrics_lib.accelerator()
     run_log = metrics_lib.RunLog(
         train_cfg.output_dir,
         resume_step=resumed_from,
@@ -615,8 +601,6 @@ def _loop(
     step_metrics = _StepMetrics(
         cfg=cfg,
         schedule=schedule,
-        base_params=prepared.base_params,
-        peak_flops=peak_flops,
         run_log=run_log,
         segment=segment,
         last_step=stop_at,
@@ -726,7 +710,6 @@ def _summarise(prepared: _Prepared, loop: _Loop, log: Callable[[str], None]) -> 
             "(segment files missing); real_tokens leaves them out"
         )
     last_segment = {k: v for k, v in loop.this_segment.items() if k != "step_real_tokens"}
-    mfu = loop.step_metrics.mfu
     summary = {
         "run_name": cfg.run_name,
         "steps": final_step,
@@ -751,8 +734,6 @@ def _summarise(prepared: _Prepared, loop: _Loop, log: Callable[[str], None]) -> 
         "resumed_from_step": loop.resumed_from,
         "steps_this_run": loop.step_metrics.steps,
         "setup_seconds": loop.loop_started - prepared.started,
-        "mfu": mfu(totals["tokens_per_second"]),
-        "mfu_computed": mfu(totals["computed_tokens_per_second"]),
         # The paper's v5p-8 run, measured the same way (real tokens over wall time).
         "paper_tokens_per_second": catalog.PAPER.train_tokens_per_s_tpu,
         "base_parameters": prepared.base_params,
