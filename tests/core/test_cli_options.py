@@ -96,7 +96,7 @@ def test_config_is_defined_once() -> None:
                 defined_elsewhere.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert defined_elsewhere == []
     helps = {
-        name: next(a.help for a in parser._actions if "--config" in a.option_strings)
+        name: next(str(a.help) for a in parser._actions if "--config" in a.option_strings)
         for name, parser in PARSERS.items()
         if any("--config" in a.option_strings for a in parser._actions)
     }

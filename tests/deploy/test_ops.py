@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import http.server
 import io
 import json
@@ -463,7 +464,8 @@ def test_a_bad_ssh_section_on_this_machine_is_one_line_exit_2(
 
 def test_internal_flags_are_hidden_from_help_but_work(capsys) -> None:
     parser = ops.build_parser()
-    recover_parser = parser._subparsers._group_actions[0].choices["recover"]  # type: ignore[union-attr]
+    [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    recover_parser = commands.choices["recover"]
     assert "--until-new-source" not in recover_parser.format_help()
     args = parser.parse_args(["recover", "--watch", "-y", "--until-new-source", "gs://b/s", "f"])
     assert args.until_new_source == ["gs://b/s", "f"]
