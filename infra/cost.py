@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -145,12 +146,9 @@ def report(
         )
     for line in leftover_lines:
         print(line, file=out)
-    running = [c for c in (*costs, *leftover_costs) if c.billing and c.hourly_usd is not None]
-    hourly = sum(c.hourly_usd or 0.0 for c in running) + sum(vm.hourly_usd for vm in always_on)
-    so_far = sum(c.so_far_usd or 0.0 for c in running)
-    upper = any(c.provisioning != "on-demand" for c in running)
+    hourly, so_far, upper, count = _totals(costs, always_on, leftover_costs)
     print(
-        f"now: ${hourly:,.2f}/h for {len(running) + len(always_on)} running VM(s); about "
+        f"now: ${hourly:,.2f}/h for {count} running VM(s); about "
         f"${so_far:,.2f} since the TPU VMs were created"
         f"{' (an upper bound: spot/preemptible priced on demand)' if upper else ''}; "
         "estimates from the catalog's prices, the billing report is exact",
@@ -158,18 +156,81 @@ def report(
     )
 
 
+def _totals(
+    costs: Sequence[NodeCost], always_on: Sequence[AlwaysOn], leftover_costs: Sequence[NodeCost]
+) -> tuple[float, float, bool, int]:
+    """(USD per hour now, USD so far, whether spot/preemptible made it an upper bound, how many
+    VMs bill now)."""
+    running = [c for c in (*costs, *leftover_costs) if c.billing and c.hourly_usd is not None]
+    hourly = sum(c.hourly_usd or 0.0 for c in running) + sum(vm.hourly_usd for vm in always_on)
+    so_far = sum(c.so_far_usd or 0.0 for c in running)
+    upper = any(c.provisioning != "on-demand" for c in running)
+    return hourly, so_far, upper, len(running) + len(always_on)
+
+
+def _node_record(c: NodeCost) -> dict[str, Any]:
+    return {
+        "role": c.role,
+        "vm": c.vm,
+        "state": c.state,
+        "billing": c.billing,
+        "accelerator": c.accelerator,
+        "provisioning": c.provisioning,
+        "hourlyUsd": c.hourly_usd if c.billing else 0.0,
+        "hours": c.hours,
+        "soFarUsd": c.so_far_usd,
+    }
+
+
+def summary(
+    costs: Sequence[NodeCost],
+    always_on: Sequence[AlwaysOn] = (),
+    leftover_lines: Sequence[str] = (),
+    leftover_costs: Sequence[NodeCost] = (),
+) -> dict[str, Any]:
+    """What `report` prints, as data (what `ops cost --json` prints)."""
+    hourly, so_far, upper, count = _totals(costs, always_on, leftover_costs)
+    return {
+        "vms": [_node_record(c) for c in costs],
+        "alwaysOn": [
+            {"label": vm.label, "hourlyUsd": vm.hourly_usd, "monthlyUsd": vm.monthly_usd}
+            for vm in always_on
+        ],
+        "leftovers": list(leftover_lines),
+        "leftoverVms": [_node_record(c) for c in leftover_costs],
+        "hourlyUsd": hourly,
+        "soFarUsd": so_far,
+        "upperBound": upper,
+        "runningVms": count,
+    }
+
+
 def run(
     infos: Sequence[VmInfo],
     out: TextIO,
     *,
-    client: tpu_api.TpuApi,
+    client: tpu_api.TpuApi | None,
     now: datetime.datetime | None = None,
     always_on: Sequence[AlwaysOn] = (),
     leftover_lines: Sequence[str] = (),
     leftover_costs: Sequence[NodeCost] = (),
+    released: str | None = None,
+    as_json: bool = False,
 ) -> int:
-    """Prices every VM of the stack (and what bills outside its state); 0."""
+    """Prices every VM of the stack (and what bills outside its state), as text or as one JSON
+    object (`summary`, plus `released`: why the training VM is gone, or null); 0.
+
+    Raises:
+        Exception: whatever the TPU API raised, other than "not found".
+    """
     moment = now or datetime.datetime.now(datetime.UTC)
-    costs = [node_cost(info, client, moment) for info in infos]
+    costs = [node_cost(info, client, moment) for info in infos] if client is not None else []
+    if as_json:
+        record = {"released": released, **summary(costs, always_on, leftover_lines, leftover_costs)}
+        json.dump(record, out, indent=2)
+        out.write("\n")
+        return 0
+    if released is not None:
+        print(f"train VM: {released}; not billed", file=out)
     report(costs, out, always_on, leftover_lines, leftover_costs)
     return 0

@@ -19,8 +19,9 @@ from typing import Any, TextIO
 
 import fabric
 
-from infra import cost, leftovers, recover, remote, ssh, tpu_api
+from infra import cost, leftovers, recover, remote, ssh, ssh_access, tpu_api
 from infra.stack_outputs import (
+    CloudRefused,
     OpsError,
     Released,
     VmInfo,
@@ -28,7 +29,7 @@ from infra.stack_outputs import (
     release_message,
     vm_info,
 )
-from workloads import errors, stages
+from workloads import cli_options, errors, stages
 
 ROLES = ("train", "serve")
 
@@ -192,45 +193,91 @@ def last_metrics(info: VmInfo, conn: fabric.Connection | None) -> str:
     return f"no metrics yet ({path})"
 
 
-def status(
-    info: VmInfo, out: TextIO, *, tpu_client_factory: Callable[[], Any] | None = None
-) -> int:
-    """Prints TPU state, unit states and the latest boot's stages per worker (boot to first
-    step: workloads.stages) and the last training step; 1 if a unit failed."""
-    where = f" in {info.zone}" if info.zone else ""
+def status_record(
+    info: VmInfo, *, tpu_client_factory: Callable[[], Any] | None = None
+) -> dict[str, Any]:
+    """What `status` reports about one VM, as data (what `status --json` prints): the TPU
+    state, each worker's units and its latest boot's stages (boot to first step:
+    workloads.stages), or why it is unreachable, and the training's last step."""
     state, created = tpu_state_and_creation(info, tpu_client_factory)
-    print(f"{info.role} VM {info.vm}{where}: TPU {state}", file=out)
+    record: dict[str, Any] = {
+        "role": info.role,
+        "vm": info.vm,
+        "zone": info.zone,
+        "tpu": state,
+        "workers": [],
+    }
     conns = _connections(info)
-    failed = False
     try:
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(conns)) as pool:
             futures = [pool.submit(_worker_status, c, info, created) for c in conns]
         for index, fut in enumerate(futures):
             exc = fut.exception()
+            worker: dict[str, Any] = {"worker": info.label(index), "reachable": exc is None}
             if exc is not None:
-                print(f"  {info.label(index)} unreachable: {exc}", file=out)
-                continue
-            units, stage_text = fut.result()
-            for st in units:
-                failed |= st.get("ActiveState") == "failed"
-                print(
-                    f"  {info.label(index)} {st['unit']}: {st.get('ActiveState', '?')} "
-                    f"({st.get('SubState', '?')}), restarts {st.get('NRestarts', '?')}, "
-                    f"result {st.get('Result', '?')}",
-                    file=out,
-                )
-            print(f"  {info.label(index)} stages of the latest boot:", file=out)
-            for line in stage_text:
-                print(f"    {line}", file=out)
+                worker["error"] = str(exc)
+            else:
+                units, stage_text = fut.result()
+                worker["units"] = [
+                    {
+                        "unit": st["unit"],
+                        "activeState": st.get("ActiveState"),
+                        "subState": st.get("SubState"),
+                        "restarts": int(st["NRestarts"])
+                        if st.get("NRestarts", "").isdigit()
+                        else None,
+                        "result": st.get("Result"),
+                    }
+                    for st in units
+                ]
+                worker["stages"] = stage_text
+            record["workers"].append(worker)
         if info.role == "train":
             reachable = next(
                 (c for c, f in zip(conns, futures, strict=True) if f.exception() is None), None
             )
-            print(f"  last {last_metrics(info, reachable)}", file=out)
+            record["lastMetrics"] = last_metrics(info, reachable)
     finally:
         for conn in conns:
             conn.close()
-    return 1 if failed else 0
+    record["failed"] = any(
+        unit["activeState"] == "failed"
+        for worker in record["workers"]
+        for unit in worker.get("units", ())
+    )
+    return record
+
+
+def print_status(record: dict[str, Any], out: TextIO) -> int:
+    """Prints a status_record as text; 1 if a unit failed."""
+    where = f" in {record['zone']}" if record["zone"] else ""
+    print(f"{record['role']} VM {record['vm']}{where}: TPU {record['tpu']}", file=out)
+    for worker in record["workers"]:
+        if not worker["reachable"]:
+            print(f"  {worker['worker']} unreachable: {worker['error']}", file=out)
+            continue
+        for st in worker["units"]:
+            restarts = "?" if st["restarts"] is None else st["restarts"]
+            print(
+                f"  {worker['worker']} {st['unit']}: {st['activeState'] or '?'} "
+                f"({st['subState'] or '?'}), restarts {restarts}, "
+                f"result {st['result'] or '?'}",
+                file=out,
+            )
+        print(f"  {worker['worker']} stages of the latest boot:", file=out)
+        for line in worker["stages"]:
+            print(f"    {line}", file=out)
+    if "lastMetrics" in record:
+        print(f"  last {record['lastMetrics']}", file=out)
+    return 1 if record["failed"] else 0
+
+
+def status(
+    info: VmInfo, out: TextIO, *, tpu_client_factory: Callable[[], Any] | None = None
+) -> int:
+    """Prints TPU state, unit states and boot stages per worker and the last training step; 1
+    if a unit failed."""
+    return print_status(status_record(info, tpu_client_factory=tpu_client_factory), out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,10 +403,8 @@ def _check_worker(info: VmInfo, worker: int) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m infra.ops", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--stack", help="Pulumi stack (default: the selected one)")
+    parser = cli_options.parser("python -m infra.ops", __doc__.splitlines()[0])
+    cli_options.add_stack(parser)
     parser.add_argument(
         "--outputs", metavar="FILE", help="read outputs from this JSON file instead of pulumi"
     )
@@ -368,19 +413,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, help_text: str, default_vm: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument(
-            "--vm", choices=ROLES, default=default_vm, help=f"which VM (default: {default_vm})"
+    def command(
+        name: str, help_text: str, description: str | None = None
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(
+            name,
+            help=help_text,
+            description=description or help_text,
+            formatter_class=parser.formatter_class,
         )
+        cli_options.add_stack(p, on_subcommand=True)  # `ops status -s dev` as `ops -s dev status`
         return p
 
+    def add(name: str, help_text: str, default_vm: str) -> argparse.ArgumentParser:
+        p = command(name, help_text)
+        p.add_argument("--vm", choices=ROLES, default=default_vm, help="which VM")
+        return p
+
+    json_help = "print one JSON object instead of the text (for scripts; the keys are stable)"
     add("status", "TPU state, units and boot stages per worker, last step and loss", "train")
-    sub.add_parser(
+    sub.choices["status"].add_argument("--json", action="store_true", help=json_help)
+    command(
         "cost",
-        help="what the stack runs now, its hourly price and about what it has cost",
-        description=cost.__doc__.splitlines()[0] if cost.__doc__ else None,
-    )
+        "what the stack runs now, its hourly price and about what it has cost",
+        cost.__doc__.splitlines()[0] if cost.__doc__ else None,
+    ).add_argument("--json", action="store_true", help=json_help)
     p = add("logs", "the units' journal from every worker, prefixed by host", "train")
     p.add_argument("-f", "--follow", action="store_true", help="keep streaming")
     p.add_argument("-n", "--lines", type=int, default=100, help="lines of history per worker")
@@ -389,7 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
         "restart", "restart the job on every worker (training resumes from its checkpoint)", "train"
     )
     p = add("ssh", "open a shell on a worker (or run a command there)", "train")
-    p.add_argument("--worker", type=int, default=0, help="worker index (default 0)")
+    p.add_argument("--worker", type=int, default=0, help="worker index")
     p.add_argument(
         "remote_command", nargs=argparse.REMAINDER, help="command to run instead of a shell"
     )
@@ -406,30 +463,21 @@ def main(
     tpu_client_factory: Callable[[], Any] | None = None,
     exec_fn: Callable[[list[str]], int] | None = None,
 ) -> int:
-    """Runs one operator command; problems are one line on stderr and exit status 2."""
+    """Runs one operator command; a problem is one line on stderr. Exit statuses:
+    workloads.cli_options (2: the input, 4: Google Cloud refused a request)."""
     args = build_parser().parse_args(argv)
     out = out or sys.stdout
     try:
         if args.command == "recover":
             return recover.run(args, out, tpu_client_factory=tpu_client_factory)
         if args.command == "cost":
-            return _cost(load_outputs(args.stack, args.outputs), out, tpu_client_factory)
+            return _cost(
+                load_outputs(args.stack, args.outputs), out, tpu_client_factory, as_json=args.json
+            )
         outputs = load_outputs(args.stack, args.outputs)
-        watcher = _controller_line(outputs) if args.command == "status" else None
-        try:
-            info = vm_info(outputs, args.vm)
-        except Released as exc:
-            if args.command != "status":
-                raise
-            print(f"{args.vm} VM: {exc}", file=out)  # the run's normal end, not an error
-            _print_leftovers(outputs, out, tpu_client_factory)
-            return 0
         if args.command == "status":
-            code = status(info, out, tpu_client_factory=tpu_client_factory)
-            if watcher and info.role == "train":
-                print(watcher, file=out)
-            _print_leftovers(outputs, out, tpu_client_factory)
-            return code
+            return _status(outputs, args.vm, out, tpu_client_factory, as_json=args.json)
+        info = vm_info(outputs, args.vm)
         if args.command == "logs":
             return logs(info, out, follow=args.follow, lines=args.lines)
         if args.command in ("stop", "restart"):
@@ -444,14 +492,62 @@ def main(
                 file=sys.stderr,
             )
             return (exec_fn or _exec)(command)
-    except (OpsError, ssh.SshError, remote.RemoteError) as exc:
+    except (OpsError, ssh.SshError, ssh_access.SshAccessError, remote.RemoteError) as exc:
         if args.traceback or os.environ.get("WORKLOADS_TRACEBACK") == "1":
             traceback.print_exc()
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        if isinstance(exc, CloudRefused):
+            return cli_options.EXIT_CLOUD_REFUSED
+        return cli_options.EXIT_USAGE
     except KeyboardInterrupt:
-        return 130
+        return cli_options.EXIT_INTERRUPTED
     raise AssertionError(f"unhandled command {args.command}")  # argparse restricts the choices
+
+
+def _status(
+    outputs: dict[str, Any],
+    role: str,
+    out: TextIO,
+    tpu_client_factory: Callable[[], Any] | None,
+    *,
+    as_json: bool,
+) -> int:
+    """`ops status`: the VM's record, who recovers it, what bills outside the state; 1 if a unit
+    failed. With `as_json`, one object: {"vm": status_record or null, "released": why the
+    training VM is gone or null, "recoveredBy": the controller line or null, "leftovers": [...]}.
+    """
+    watcher = _controller_line(outputs)
+    try:
+        info: VmInfo | None = vm_info(outputs, role)
+        released = None
+    except Released as exc:
+        info, released = None, str(exc)  # the run's normal end, not an error
+    record = status_record(info, tpu_client_factory=tpu_client_factory) if info else None
+    leftover_lines = leftovers.report_lines(outputs, _deployed(outputs), tpu_client_factory)[0]
+    code = 1 if record and record["failed"] else 0
+    if as_json:
+        recovered_by = watcher.strip() if watcher and role == "train" else None
+        json.dump(
+            {
+                "vm": record,
+                "released": released,
+                "recoveredBy": recovered_by,
+                "leftovers": leftover_lines,
+            },
+            out,
+            indent=2,
+        )
+        out.write("\n")
+        return code
+    if record is None:
+        print(f"{role} VM: {released}", file=out)
+    else:
+        print_status(record, out)
+        if watcher and role == "train":
+            print(watcher, file=out)
+    for line in leftover_lines:
+        print(line, file=out)
+    return code
 
 
 def _controller(outputs: dict[str, Any]) -> dict[str, Any] | None:
@@ -486,22 +582,21 @@ def _controller_cost(outputs: dict[str, Any]) -> list[cost.AlwaysOn]:
 
 
 def _cost(
-    outputs: dict[str, Any], out: TextIO, tpu_client_factory: Callable[[], Any] | None
+    outputs: dict[str, Any],
+    out: TextIO,
+    tpu_client_factory: Callable[[], Any] | None,
+    *,
+    as_json: bool = False,
 ) -> int:
     deployments = outputs.get("deployments")
     roles = [r for r in ROLES if isinstance(deployments, dict) and r in deployments]
     released = release_message(outputs)
-    if released is not None:
-        print(f"train VM: {released}; not billed", file=out)
-    elif not roles:
+    if released is None and not roles:
         raise OpsError("the stack has no 'deployments' output: run `pulumi up` first")
     always_on = _controller_cost(outputs)
     infos = _deployed(outputs)
     lines, extra = leftovers.report_lines(outputs, infos, tpu_client_factory)
-    if not roles:
-        cost.report([], out, always_on, lines, extra)
-        return 0
-    client = tpu_api.client(tpu_client_factory)
+    client = tpu_api.client(tpu_client_factory) if roles else None
     try:
         return cost.run(
             infos,
@@ -510,17 +605,11 @@ def _cost(
             always_on=always_on,
             leftover_lines=lines,
             leftover_costs=extra,
+            released=released,
+            as_json=as_json,
         )
     except Exception as exc:
-        raise OpsError(f"cannot read the TPU nodes: {errors.exception_line(exc)}") from exc
-
-
-def _print_leftovers(
-    outputs: dict[str, Any], out: TextIO, tpu_client_factory: Callable[[], Any] | None
-) -> None:
-    """What of the stack bills or may bill outside its state (infra/leftovers.py)."""
-    for line in leftovers.report_lines(outputs, _deployed(outputs), tpu_client_factory)[0]:
-        print(line, file=out)
+        raise tpu_api.call_failed("cannot read the TPU nodes", exc) from exc
 
 
 def _deployed(outputs: dict[str, Any]) -> list[VmInfo]:

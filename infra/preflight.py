@@ -25,9 +25,9 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from infra import compile_check, stack_client, stack_config, validation
 from infra import config as config_mod
-from infra import stack_client, stack_config, validation
-from workloads import catalog
+from workloads import catalog, cli_options
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 _DOCUMENTATION_RANGES = tuple(
@@ -266,7 +266,6 @@ def _depths(text: str) -> tuple[int, ...]:
 
 def _compile_check(stack: str, cfg: config_mod.StackConfig, depths: tuple[int, ...] | None) -> int:
     """Exit status: 0 = the step fits, 1 = it does not (one line naming the keys), 2 = error."""
-    from infra import compile_check
     from workloads import errors
 
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the TPU exists only as a topology here
@@ -296,29 +295,32 @@ def _real_client() -> TpuApi:
     return client
 
 
-def main(argv: list[str] | None = None, client_factory: Callable[[], TpuApi] = _real_client) -> int:
-    """Exit status: 0 = all checks passed, 1 = a check failed, 2 = the stack config is invalid."""
-    parser = argparse.ArgumentParser(
-        prog="python -m infra.preflight", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument(
-        "--stack", help="stack name (reads Pulumi.<stack>.yaml); default: the selected stack"
-    )
+def build_parser() -> argparse.ArgumentParser:
+    parser = cli_options.parser("python -m infra.preflight", __doc__.splitlines()[0])
+    cli_options.add_stack(parser)
     parser.add_argument(
         "--compile",
         action="store_true",
         help="compile the stack's training step for its TPU without one (needs libtpu: "
         "pip install -e '.[compile]'); no cloud calls",
     )
-    parser.add_argument(
-        "--depths",
-        type=_depths,
-        default=None,
-        help="with --compile: comma-separated layer counts to compile, multiples of 6; the "
-        "first two are fitted, a third is the held-out check (default 6,12,18)",
+    cli_options.config_default(
+        parser.add_argument(
+            "--depths",
+            type=_depths,
+            default=None,
+            help="with --compile: comma-separated layer counts to compile, multiples of 6; the "
+            "first two are fitted, a third is the held-out check",
+        ),
+        compile_check.DEPTHS,
     )
     parser.add_argument("--root", default=str(ROOT), help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None, client_factory: Callable[[], TpuApi] = _real_client) -> int:
+    """Exit status: 0 = all checks passed, 1 = a check failed, 2 = the stack config is invalid."""
+    args = build_parser().parse_args(argv)
     stack = args.stack or _default_stack()
     path = pathlib.Path(args.root) / f"Pulumi.{stack}.yaml"
     try:

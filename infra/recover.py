@@ -96,9 +96,8 @@ def node_state(client: tpu_api.TpuApi, target: Target) -> str:
     try:
         node = tpu_api.get_node(client, target.resource_name)
     except Exception as exc:
-        raise OpsError(
-            f"cannot read the state of TPU node {target.resource_name}: "
-            f"{errors.exception_line(exc)}"
+        raise tpu_api.call_failed(
+            f"cannot read the state of TPU node {target.resource_name}", exc
         ) from exc
     return "NOT_FOUND" if node is None else tpu_api.state_name(node)
 
@@ -351,14 +350,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=DEFAULT_INTERVAL_S,
         metavar="S",
-        help=f"seconds between checks with --watch (default {DEFAULT_INTERVAL_S:g})",
+        help="seconds between checks with --watch",
     )
     parser.add_argument(
         "--max-recoveries",
         type=int,
         default=DEFAULT_MAX_RECOVERIES,
         metavar="N",
-        help=f"recreate the VM at most N times with --watch (default {DEFAULT_MAX_RECOVERIES})",
+        help="recreate the VM at most N times with --watch",
     )
     parser.add_argument(
         "-y", "--yes", action="store_true", help="recreate without asking (needed without a TTY)"
@@ -367,8 +366,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--until-new-source",
         nargs=2,
         metavar=("URI", "FILE"),
-        help="with --watch: stop (exit 0) between checks once the archive at URI differs from "
-        "FILE (the recovery controller's service then starts again on the new source)",
+        # The recovery controller's own flag, hidden from `--help`: with --watch, stop (exit 0)
+        # between checks once the archive at URI differs from FILE (its service then starts
+        # again on the new source).
+        help=argparse.SUPPRESS,
     )
 
 

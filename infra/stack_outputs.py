@@ -14,11 +14,24 @@ from typing import Any
 from infra.deployment_record import VmInfo
 from infra.stack_client import StackClient, StackClientError
 
-__all__ = ["OpsError", "Released", "VmInfo", "load_outputs", "release_message", "vm_info"]
+__all__ = [
+    "CloudRefused",
+    "OpsError",
+    "Released",
+    "VmInfo",
+    "load_outputs",
+    "release_message",
+    "vm_info",
+]
 
 
 class OpsError(Exception):
     """A problem the operator can fix; printed as one line."""
+
+
+class CloudRefused(OpsError):
+    """Google Cloud answered a request with an error (permission, quota, a refused call): exit
+    status 4, so that a script tells it from a usage error (2)."""
 
 
 class Released(OpsError):

@@ -78,7 +78,6 @@ TRAIN_PACKAGES = (
     "jax[tpu]",
     "libtpu",
     "flax",
-    "google-tunix",
     "qwix",
     "orbax-checkpoint",
     "optax",
@@ -109,12 +108,33 @@ def core_packages(path: pathlib.Path = PYPROJECT_FILE) -> tuple[str, ...]:
     return tuple(re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0] for r in requirements)
 
 
+@functools.cache
+def no_deps(path: pathlib.Path = PYPROJECT_FILE) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the packages installed without their dependencies, what their imported modules need),
+    names only, from pyproject's [tool.gemma4-tpu.no-deps] (it says why)."""
+    table = tomllib.loads(path.read_text())["tool"]["gemma4-tpu"]["no-deps"]
+    names = [
+        tuple(re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0] for r in table[key])
+        for key in ("packages", "needs")
+    ]
+    return names[0], names[1]
+
+
 def _pinned_all(packages: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(pinned(p) for p in packages))  # in order, each once
 
 
 def train_requirements() -> tuple[str, ...]:
-    return (f"--find-links {LIBTPU_FIND_LINKS}", *_pinned_all((*TRAIN_PACKAGES, *core_packages())))
+    needs = no_deps()[1]
+    return (
+        f"--find-links {LIBTPU_FIND_LINKS}",
+        *_pinned_all((*TRAIN_PACKAGES, *needs, *core_packages())),
+    )
+
+
+def train_no_deps() -> tuple[str, ...]:
+    """What the training VM installs with `pip install --no-deps` after train_requirements."""
+    return _pinned_all(no_deps()[0])
 
 
 def serve_requirements() -> tuple[str, ...]:
@@ -136,14 +156,21 @@ VERILOG_EVAL_COMMIT = "65c87a832b6cb752c38490b397df372f6ddc1c89"
 _SERVE_DEFAULTS = runconfig.ServeSection.model_fields
 
 
-def _requirements_digest(requirements: tuple[str, ...], constraints: tuple[str, ...]) -> str:
+def _requirements_digest(
+    requirements: tuple[str, ...], constraints: tuple[str, ...], without_deps: tuple[str, ...] = ()
+) -> str:
     """Changes when a pin or the lock changes: the venv is installed again at the next boot."""
     text = "\n".join(requirements) + "\n--constraints--\n" + "\n".join(constraints)
+    if without_deps:
+        text += "\n--no-deps--\n" + "\n".join(without_deps)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _common(
-    cfg: config_mod.StackConfig, role: str, requirements: tuple[str, ...]
+    cfg: config_mod.StackConfig,
+    role: str,
+    requirements: tuple[str, ...],
+    without_deps: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     if role == "train":
         shm_needed, shm_key = sizing.training_shm_bytes(cfg), "training.shmWorkingSetGb"
@@ -159,7 +186,8 @@ def _common(
         "venv_dir": VENV_DIR,
         "requirements": list(requirements),
         "constraints": list(lock()),
-        "requirements_digest": _requirements_digest(requirements, lock()),
+        "no_deps": list(without_deps),
+        "requirements_digest": _requirements_digest(requirements, lock(), without_deps),
         "ready_marker": READY_MARKER,
         "env_file": ENV_FILE,
         "log_file": LOG_FILE,
@@ -186,7 +214,7 @@ def train_context(cfg: config_mod.StackConfig, *, has_hf_secret: bool) -> dict[s
         f"GEMMA4_HOSTS={acc.hosts}",
         f"JAX_COMPILATION_CACHE_DIR={runconfig_render.train_compile_cache_uri(cfg)}",
     ]
-    common = _common(cfg, "train", requirements)
+    common = _common(cfg, "train", requirements, train_no_deps())
     return {
         **common,
         "venv_archive_uri": runconfig_render.venv_archive_uri(cfg, common["requirements_digest"]),

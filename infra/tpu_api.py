@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from infra.stack_outputs import OpsError
+from infra.stack_outputs import CloudRefused, OpsError
 from workloads.errors import exception_line
 
 T = TypeVar("T")
@@ -61,6 +61,18 @@ def is_not_found(exc: BaseException) -> bool:
     except ImportError:
         return False
     return isinstance(exc, exceptions.NotFound)
+
+
+def call_failed(message: str, exc: BaseException) -> OpsError:
+    """`message: <the exception as one line>` as the error an operator command raises: a
+    CloudRefused when the Cloud TPU API answered with an error, an OpsError otherwise (no
+    credentials, a network failure)."""
+    line = f"{message}: {exception_line(exc)}"
+    try:
+        from google.api_core import exceptions  # lazy: only the real client raises these
+    except ImportError:
+        return OpsError(line)
+    return CloudRefused(line) if isinstance(exc, exceptions.GoogleAPICallError) else OpsError(line)
 
 
 def unless_gone(call: Callable[[], T]) -> T | None:

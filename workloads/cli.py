@@ -13,7 +13,7 @@ import os
 import sys
 import traceback
 
-from workloads import errors, logs
+from workloads import cli_options, errors, logs
 
 # name -> (module, one-line help). The order is the order of the pipeline.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -34,9 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """Builds the parser; with `only`, imports just that command's module (fast start-up)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m workloads", description=__doc__.splitlines()[0]
-    )
+    parser = cli_options.parser("python -m workloads", __doc__.splitlines()[0])
     parser.add_argument(
         "--traceback", action="store_true", help="show the full traceback on errors"
     )
@@ -44,11 +42,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         "--log-level",
         choices=logs.LEVELS,
         default=os.environ.get("WORKLOADS_LOG_LEVEL", "info").lower(),
-        help="diagnostics on stderr from this level up (default info, or $WORKLOADS_LOG_LEVEL)",
+        help="diagnostics on stderr from this level up (or set $WORKLOADS_LOG_LEVEL)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
-        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        command_parser = sub.add_parser(
+            name, help=help_text, description=help_text, formatter_class=parser.formatter_class
+        )
         if only is None or name == only:
             module = importlib.import_module(module_name)
             module.configure_parser(command_parser)

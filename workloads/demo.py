@@ -42,12 +42,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--workdir",
         default="runs/demo",
         type=storage.absolute,
-        help="where everything goes (default runs/demo, under the current directory)",
+        help="where everything goes (a relative path is under the current directory)",
     )
-    parser.add_argument("--steps", type=int, default=40, help="optimizer steps (default 40)")
-    parser.add_argument(
-        "--rows", type=int, default=240, help="synthetic dataset rows (default 240)"
-    )
+    parser.add_argument("--steps", type=int, default=40, help="optimizer steps")
+    parser.add_argument("--rows", type=int, default=240, help="synthetic dataset rows")
     parser.add_argument(
         "--no-serve",
         action="store_true",

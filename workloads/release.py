@@ -22,7 +22,7 @@ import shlex
 import shutil
 import subprocess
 
-from workloads import errors, logs, runconfig, storage
+from workloads import cli_options, errors, logs, runconfig, storage
 
 LOG = logs.get("release")
 MARKER_FILE = "released.json"
@@ -30,9 +30,7 @@ ZONE_ENV = "GEMMA4_ZONE"
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config", type=storage.absolute, required=True, help="run config (local or gs://)"
-    )
+    cli_options.add_config(parser, required=True)
     parser.add_argument(
         "--dry-run",
         action="store_true",

@@ -288,19 +288,15 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "out_dir", type=storage.absolute, help="directory to write the checkpoint into"
     )
-    parser.add_argument(
-        "--seed", type=int, default=0, help="seed of the random weights (default 0)"
-    )
-    parser.add_argument(
-        "--layers", type=int, default=6, help="decoder layers, a multiple of 6 (default 6)"
-    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    parser.add_argument("--layers", type=int, default=6, help="decoder layers, a multiple of 6")
     parser.add_argument(
         "--dtype",
         choices=("float32", "bfloat16"),
         default="float32",
-        help="weight dtype (default float32)",
+        help="weight dtype",
     )
-    parser.add_argument("--shards", type=int, default=2, help="safetensors files (default 2)")
+    parser.add_argument("--shards", type=int, default=2, help="safetensors files")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -149,7 +149,17 @@ def test_aggregate_only(tmp_path, capsys):
     assert cli.main(["bench", "--aggregate-only", str(tmp_path)]) == 0
     assert "| 4096 | 512 | 8 | 200 |" in (tmp_path / "summary.md").read_text()
     assert (tmp_path / plots.TTFT_PNG).stat().st_size > 10_000
-    assert cli.main(["bench", "--aggregate-only", str(tmp_path / "nothing")]) == 2
+    capsys.readouterr()
+    expected = "expected a bench results directory (holding raw/*.json)"
+    missing = tmp_path / "nothing"
+    assert cli.main(["bench", "--aggregate-only", str(missing)]) == 2
+    assert capsys.readouterr().err == f"error: --aggregate-only {missing}: not found; {expected}\n"
+    a_file = tmp_path / "summary.md"
+    assert cli.main(["bench", "--aggregate-only", str(a_file)]) == 2
+    assert capsys.readouterr().err == f"error: --aggregate-only {a_file}: is a file; {expected}\n"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli.main(["bench", "--aggregate-only", str(empty)]) == 2
     assert "no vLLM result files" in capsys.readouterr().err
     assert cli.main(["bench"]) == 2
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.metadata
+import json
 import pathlib
 import re
 import subprocess
@@ -41,7 +42,7 @@ def _declared() -> set[str]:
     names = {_name(r) for r in project["dependencies"]}
     for extra in RUNTIME_EXTRAS:
         names |= {_name(r) for r in project["optional-dependencies"][extra]}
-    return names
+    return names | {_name(r) for r in startup.no_deps()[0]}  # google-tunix, installed --no-deps
 
 
 def _imports() -> dict[str, set[str]]:
@@ -262,4 +263,66 @@ sys.exit(ops.main(["recover", "--help"]))
         [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=False
     )
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "--until-new-source" in run.stdout
+    assert "--max-recoveries" in run.stdout
+
+
+# Imports every Tunix module the project imports while every top-level module whose distributions
+# all lie outside `allowed` is refused, as on a VM that never installed them.
+_BLOCKED_IMPORT = """
+import importlib, importlib.metadata as md, json, sys
+allowed, modules = set(json.loads(sys.argv[1])), json.loads(sys.argv[2])
+norm = lambda n: n.replace("_", "-").replace(".", "-").lower()
+owners = md.packages_distributions()
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        top = name.split(".")[0]
+        dists = {norm(d) for d in owners.get(top, ())}
+        if dists and not dists & allowed:
+            raise ModuleNotFoundError(f"{top} (from {sorted(dists)}) is not installed", name=top)
+        return None
+sys.meta_path.insert(0, Refuse())
+for module in modules:
+    importlib.import_module(module)
+print("imported", len(modules))
+"""
+
+
+def _installed_without_deps() -> set[str]:
+    """What .ci/setup and the training VM install: the runtime extras and core with their
+    dependencies, [tool.gemma4-tpu.no-deps] `needs` with theirs, its `packages` alone."""
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    roots = [*project["dependencies"], *startup.no_deps()[1]]
+    for extra in RUNTIME_EXTRAS:
+        roots += project["optional-dependencies"][extra]
+    todo, found = [Requirement(r).name for r in roots], set()
+    while todo:
+        name = startup.normalized_name(todo.pop())
+        if name in found:
+            continue
+        found.add(name)
+        try:
+            requires = importlib.metadata.requires(name) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        todo += [Requirement(t).name for t in requires if "extra ==" not in t]
+    return found | {startup.normalized_name(n) for n in startup.no_deps()[0]}
+
+
+def test_tunix_modules_import_with_the_declared_set_and_without_what_tunix_lists():
+    """google-tunix is installed --no-deps: every Tunix module the project imports must load
+    from what the install declares, with numba, pyarrow, datasets, tensorflow-datasets, ...
+    refused (a new Tunix that imports one of them fails here, not on a TPU VM)."""
+    modules = sorted(m for m in _imports() if m.split(".")[0] == "tunix")
+    assert "tunix.sft.peft_trainer" in modules and "tunix.models.gemma4.model" in modules
+    allowed = _installed_without_deps()
+    assert not {"numba", "llvmlite", "pyarrow", "datasets", "tensorflow-datasets"} & allowed
+    result = subprocess.run(
+        [sys.executable, "-c", _BLOCKED_IMPORT, json.dumps(sorted(allowed)), json.dumps(modules)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == f"imported {len(modules)}"

@@ -11,9 +11,10 @@ import types
 from typing import Any
 
 import pytest
+from google.api_core import exceptions as api_exceptions
 
 from infra import cost, ops, tpu_api
-from workloads import catalog
+from workloads import catalog, cli_options
 
 NOW = datetime.datetime(2026, 11, 25, 12, 0, tzinfo=datetime.UTC)
 
@@ -116,12 +117,61 @@ def test_a_released_node_costs_nothing_and_api_errors_are_one_line(tmp_path, cap
         == "train VM gemma4-train: NOT_FOUND; not billed now ($0.00/h)"
     )
 
+    # Not an answer of the API (here a local PermissionError): an ordinary error, exit 2.
     denied = FakeTpu({"gemma4-train": PermissionError("403 tpu.nodes.get denied")})
     code = ops.main(["--outputs", outputs, "cost"], out=io.StringIO(), tpu_client_factory=denied)
     assert code == 2
     assert capsys.readouterr().err == (
         "error: cannot read the TPU nodes: PermissionError: 403 tpu.nodes.get denied\n"
     )
+    # The API refuses: its own exit status, 4, so a script tells it from a usage error.
+    refused = FakeTpu({"gemma4-train": api_exceptions.PermissionDenied("tpu.nodes.get denied")})
+    code = ops.main(["--outputs", outputs, "cost"], out=io.StringIO(), tpu_client_factory=refused)
+    assert code == cli_options.EXIT_CLOUD_REFUSED == 4
+    assert capsys.readouterr().err == (
+        "error: cannot read the TPU nodes: PermissionDenied: 403 tpu.nodes.get denied\n"
+    )
+
+
+def test_cost_json_is_one_parseable_object_with_the_same_figures(tmp_path, capsys):
+    outputs = _outputs(tmp_path, "train", "serve")
+    tpu = FakeTpu(
+        {
+            "gemma4-train": _node("READY", "v5p-8", 2.0, spot=True),
+            "gemma4-serve": _node("STOPPED", "v6e-8", 1.0),
+        }
+    )
+    out = io.StringIO()
+    argv = ["--outputs", outputs, "cost", "--stack", "dev", "--json"]
+    assert ops.main(argv, out=out, tpu_client_factory=tpu) == 0
+    record = json.loads(out.getvalue())
+    v5p = catalog.accelerator("v5p-8").hourly_usd
+    assert set(record) == {
+        "released",
+        "vms",
+        "alwaysOn",
+        "leftovers",
+        "leftoverVms",
+        "hourlyUsd",
+        "soFarUsd",
+        "upperBound",
+        "runningVms",
+    }
+    train, serve = record["vms"]
+    assert (train["vm"], train["state"], train["billing"], train["provisioning"]) == (
+        "gemma4-train",
+        "READY",
+        True,
+        "spot",
+    )
+    assert train["hourlyUsd"] == pytest.approx(v5p)
+    assert train["hours"] >= 2.0  # created 2 h before NOW; the command prices at the real now
+    assert train["soFarUsd"] == pytest.approx(v5p * train["hours"])
+    assert record["soFarUsd"] == pytest.approx(train["soFarUsd"])
+    assert (serve["state"], serve["billing"], serve["hourlyUsd"]) == ("STOPPED", False, 0.0)
+    assert record["hourlyUsd"] == pytest.approx(v5p)
+    assert record["upperBound"] is True and record["runningVms"] == 1
+    assert record["released"] is None
 
 
 def test_a_released_training_vm_is_reported_by_status_cost_and_recover(tmp_path, capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import http.server
 import io
@@ -401,3 +402,108 @@ def test_every_command_fails_clearly_when_the_stack_has_no_such_vm(
     assert err == (
         "error: the train VM gemma4-train has no worker addresses in the stack outputs yet\n"
     )
+
+
+@pytest.mark.sshd
+def test_status_json_is_one_parseable_object_with_stable_keys(
+    worker: Worker, tmp_path: pathlib.Path, capsys
+) -> None:
+    state = worker.root / "unit-state"
+    state.mkdir()
+    (state / "gemma4-train.service").write_text(
+        "ActiveState=failed\nSubState=failed\nNRestarts=3\nResult=exit-code\n"
+    )
+    outputs = _outputs(tmp_path, train=_info([worker]))
+    # -s/--stack after the subcommand, as Pulumi's CLI takes it (the outputs file wins here).
+    code, out, _ = _main(
+        ["--outputs", outputs, "status", "-s", "dev", "--json"],
+        capsys,
+        tpu_client_factory=FakeTpu,
+    )
+    assert code == 1  # a failed unit, as the text form
+    record = json.loads(out)
+    assert set(record) == {"vm", "released", "recoveredBy", "leftovers"}
+    assert (record["released"], record["recoveredBy"], record["leftovers"]) == (None, None, [])
+    vm = record["vm"]
+    assert (vm["role"], vm["vm"], vm["zone"], vm["tpu"], vm["failed"]) == (
+        "train",
+        "gemma4-train",
+        "us-central1-a",
+        "READY, health HEALTHY",
+        True,
+    )
+    assert vm["lastMetrics"].startswith("no metrics yet")
+    [w0] = vm["workers"]
+    assert w0["reachable"] is True
+    assert w0["units"] == [
+        {
+            "unit": "gemma4-merge.service",
+            "activeState": "inactive",
+            "subState": "dead",
+            "restarts": 0,
+            "result": "success",
+        },
+        {
+            "unit": "gemma4-train.service",
+            "activeState": "failed",
+            "subState": "failed",
+            "restarts": 3,
+            "result": "exit-code",
+        },
+    ]
+
+
+def test_status_json_of_a_released_training_vm(tmp_path: pathlib.Path, capsys) -> None:
+    path = tmp_path / "outputs.json"
+    path.write_text(
+        json.dumps(
+            {
+                "deployments": {"train": {"vm": "gemma4-train", "ssh_user": "u"}},
+                "trainReleased": {"run_name": "r1", "node": "gemma4-train"},
+            }
+        )
+    )
+    code, out, _ = _main(["--outputs", str(path), "status", "--json"], capsys)
+    assert code == 0
+    record = json.loads(out)
+    assert record["vm"] is None
+    assert record["released"].startswith("the training VM gemma4-train was released")
+
+
+def test_the_stack_option_is_taken_before_and_after_the_subcommand() -> None:
+    parser = ops.build_parser()
+    for argv in (
+        ["--stack", "dev", "status"],
+        ["-s", "dev", "status"],
+        ["status", "--stack", "dev"],
+        ["status", "-s", "dev"],
+        ["cost", "-s", "dev", "--json"],
+        ["recover", "-s", "dev"],
+        ["-s", "prod", "logs", "-s", "dev"],  # the later one wins, as with any repeated option
+    ):
+        assert parser.parse_args(argv).stack == "dev", argv
+    assert parser.parse_args(["status"]).stack is None  # the selected stack
+
+
+def test_a_bad_ssh_section_on_this_machine_is_one_line_exit_2(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    (tmp_path / "Pulumi.dev.yaml").write_text("config:\n  gemma4-tpu:ssh:\n    user: [1, 2]\n")
+    monkeypatch.setattr(ssh_access, "PROJECT_DIR", tmp_path)
+    info = {"vm": "gemma4-train", "hosts": ["10.0.0.1"], "ssh_user": "u", "stack": "dev"}
+    never = lambda argv: pytest.fail(f"ran {argv}")  # noqa: E731 - nothing may run
+    code, out, err = _main(
+        ["--outputs", _outputs(tmp_path, train=info), "ssh"], capsys, exec_fn=never
+    )
+    assert (code, out) == (2, "")
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert "Pulumi.dev.yaml: ssh.user" in err and "Traceback" not in err
+
+
+def test_internal_flags_are_hidden_from_help_but_work(capsys) -> None:
+    parser = ops.build_parser()
+    [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    recover_parser = commands.choices["recover"]
+    assert "--until-new-source" not in recover_parser.format_help()
+    args = parser.parse_args(["recover", "--watch", "-y", "--until-new-source", "gs://b/s", "f"])
+    assert args.until_new_source == ["gs://b/s", "f"]

@@ -268,9 +268,9 @@ def test_watch_without_yes_needs_a_terminal(cli, capsys) -> None:
 def test_problems_are_one_line_errors(
     cli, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
-    def error(argv: list[str], state: str = "PREEMPTED") -> str:
+    def error(argv: list[str], state: str = "PREEMPTED", status: int = 2) -> str:
         code, err = _main(argv, FakeTpu(state), capsys)
-        assert code == 2
+        assert code == status
         assert err.startswith("error: ") and err.count("\n") == 1, err
         return err.removeprefix("error: ").rstrip("\n")
 
@@ -299,8 +299,8 @@ def test_problems_are_one_line_errors(
         "(its output is above)"
     )
 
-    # The TPU API refuses.
-    assert error(["recover", "-y"], "DENIED") == (
+    # The TPU API refuses: its own exit status (4), not a usage error's.
+    assert error(["recover", "-y"], "DENIED", status=4) == (
         f"cannot read the state of TPU node {TRAIN_NODE}: PermissionDenied: "
         "403 tpu.nodes.get denied on my-project"
     )

@@ -27,7 +27,12 @@ from tests.fixtures import pulumi_mocks
 from workloads import cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-ROLE_REQUIREMENTS = {"train": startup.train_requirements(), "serve": startup.serve_requirements()}
+ROLE_REQUIREMENTS = {
+    "train": (*startup.train_requirements(), *startup.train_no_deps()),
+    "serve": startup.serve_requirements(),
+}
+# Installed with `pip install --no-deps`: their own requirements stay off the VM.
+WITHOUT_DEPS = {startup.normalized_name(n) for n in startup.no_deps()[0]}
 
 
 def _module_path(name: str) -> pathlib.Path | None:
@@ -122,6 +127,8 @@ def provided(requirements: tuple[str, ...]) -> set[str]:
         if name in result:
             continue
         result.add(name)
+        if name in WITHOUT_DEPS:
+            continue
         try:
             requires = md.requires(name) or []
         except md.PackageNotFoundError:
@@ -189,6 +196,8 @@ def closure(requirements: tuple[str, ...]) -> dict[str, str]:
         if name in found:
             continue
         found[name] = why
+        if name in WITHOUT_DEPS:
+            continue
         try:
             requires = md.requires(name) or []
         except md.PackageNotFoundError:
@@ -214,6 +223,12 @@ def test_everything_a_vm_installs_is_pinned_by_the_lock(role):
     assert floating == {}, f"not in constraints.txt (name: pulled in by): {floating}"
     # CPU-only test packages are constraints, never requirements: they stay off the VMs.
     assert not {"torch", "pytest", "hypothesis", "ruff", "mypy"} & set(pulled)
+    # Nor what google-tunix lists but the modules used here never import (pyproject's
+    # [tool.gemma4-tpu.no-deps]): about 0.5 GB.
+    unused_by_tunix = {"numba", "llvmlite", "pyarrow", "datasets", "tensorflow-datasets", "sympy"}
+    assert not unused_by_tunix & set(pulled)
+    if role == "train":
+        assert "google-tunix" in pulled
 
 
 def test_the_rendered_script_installs_with_the_whole_lock():
@@ -224,3 +239,10 @@ def test_the_rendered_script_installs_with_the_whole_lock():
         assert shipped == list(startup.lock())
         assert len(shipped) == len(startup.pinned_versions())
         assert '-m pip install -q -r "$requirements" -c "$constraints"' in script
+    train = startup.render_train(cfg, has_hf_secret=True)
+    block = train.split("readonly -a NO_DEPS=(\n", 1)[1].split("\n)\n", 1)[0]
+    assert [line.strip() for line in block.splitlines()] == list(startup.train_no_deps())
+    assert startup.train_no_deps() == (
+        f"google-tunix=={startup.pinned_versions()['google-tunix']}",
+    )
+    assert '-m pip install -q --no-deps -c "$constraints" "${NO_DEPS[@]}"' in train

@@ -17,7 +17,7 @@ import shlex
 import subprocess
 import sys
 
-from workloads import errors, logs, runconfig, storage
+from workloads import cli_options, errors, logs, runconfig, storage
 from workloads.bench import plots, results
 from workloads.serve import argv as argv_lib
 from workloads.serve import readiness
@@ -26,11 +26,8 @@ LOG = logs.get("bench")
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config",
-        type=storage.absolute,
-        help="run config (YAML/JSON, local or gs://) with serve and "
-        "bench sections; not needed with --aggregate-only",
+    cli_options.add_config(
+        parser, uses="uses its serve and bench sections; not needed with --aggregate-only"
     )
     parser.add_argument(
         "--aggregate-only",
@@ -103,10 +100,26 @@ def run_sweep(
     return failed
 
 
+def _check_results_dir(path: str) -> None:
+    """--aggregate-only takes the directory a bench run wrote (its raw/*.json): a missing path or
+    a file is named, as one line, before anything is read.
+
+    Raises:
+        errors.UserError: `path` does not exist or is not a directory.
+    """
+    expected = f"expected a bench results directory (holding {results.RAW}/*.json)"
+    fs, inner = storage.filesystem(path)
+    if not fs.exists(inner):
+        raise errors.UserError(f"--aggregate-only {path}: not found; {expected}")
+    if not fs.isdir(inner):
+        raise errors.UserError(f"--aggregate-only {path}: is a file; {expected}")
+
+
 def main(args: argparse.Namespace) -> int:
     """Exit status: 0 when every point has a result; 1 when points failed or the server was not
     ready (a re-run retries them); 2 for configuration and result-file problems."""
     if args.aggregate_only:
+        _check_results_dir(args.aggregate_only)
         aggregate(args.aggregate_only)
         return 0
     if not args.config:

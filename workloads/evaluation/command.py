@@ -19,7 +19,7 @@ from typing import Any
 
 import pydantic
 
-from workloads import catalog, errors, logs, runconfig, storage
+from workloads import catalog, cli_options, errors, logs, runconfig, storage
 from workloads import settings as settings_lib
 from workloads.evaluation import extract, judge, passk, problems, prompting, sampling, sandbox
 
@@ -30,18 +30,15 @@ _FIELDS = runconfig.EvalSection.model_fields
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Adds the eval options; every one defaults to the run config's value, then the schema's."""
-    parser.add_argument(
-        "--config",
-        type=storage.absolute,
-        help="run config (YAML/JSON, local or gs://); uses its `eval` section",
-    )
+    cli_options.add_config(parser, uses="uses its `eval` section")
     parser.add_argument(
         "--problems",
         type=storage.absolute,
         help="verilog-eval dataset_spec-to-rtl directory (local or gs://)",
     )
-    parser.add_argument(
-        "--endpoint", help=f"OpenAI-compatible base URL (default {_FIELDS['endpoint'].default})"
+    shown = cli_options.config_default  # the help shows the schema's default
+    shown(
+        parser.add_argument("--endpoint", help="OpenAI-compatible base URL"), _default("endpoint")
     )
     parser.add_argument(
         "--model",
@@ -49,26 +46,29 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "else the only model the endpoint lists)",
     )
     parser.add_argument("--out", type=storage.absolute, help="results directory (local or gs://)")
-    parser.add_argument(
-        "-n", type=int, help=f"samples per problem (default {_FIELDS['n'].default})"
+    shown(parser.add_argument("-n", type=int, help="samples per problem"), _default("n"))
+    shown(
+        parser.add_argument("--temperature", type=float, help="sampling temperature"),
+        _default("temperature"),
     )
-    parser.add_argument(
-        "--temperature", type=float, help=f"default {_FIELDS['temperature'].default}"
+    shown(parser.add_argument("--top-p", type=float, help="nucleus sampling"), _default("top_p"))
+    shown(
+        parser.add_argument("--max-tokens", type=int, help="tokens per answer at most"),
+        _default("max_tokens"),
     )
-    parser.add_argument("--top-p", type=float, help=f"default {_FIELDS['top_p'].default}")
-    parser.add_argument("--max-tokens", type=int, help=f"default {_FIELDS['max_tokens'].default}")
-    parser.add_argument(
-        "--concurrency",
-        type=int,
-        help=f"requests in flight (default {_FIELDS['concurrency'].default})",
+    shown(
+        parser.add_argument("--concurrency", type=int, help="requests in flight"),
+        _default("concurrency"),
     )
-    parser.add_argument(
-        "--sim-timeout",
-        type=float,
-        help=f"seconds per compile/simulation (default {_FIELDS['sim_timeout_s'].default:g})",
+    shown(
+        parser.add_argument("--sim-timeout", type=float, help="seconds per compile/simulation"),
+        _default("sim_timeout_s"),
     )
-    parser.add_argument(
-        "-k", "--ks", type=_int_list, help="k values of pass@k, comma separated (default 1,5)"
+    shown(
+        parser.add_argument(
+            "-k", "--ks", type=_int_list, help="k values of pass@k, comma separated"
+        ),
+        _default("ks"),
     )
     parser.add_argument("--jobs", type=int, help="parallel simulations (default: CPU count)")
     parser.add_argument("--only", help="regular expression: evaluate only matching problem names")
@@ -77,20 +77,25 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--system-prompt",
         choices=prompting.SYSTEM_MODES,
         default="system",
-        help="where verilog-eval's system message goes: its own turn (default), "
+        help="where verilog-eval's system message goes: its own turn (system), "
         "folded into the user turn, or left out",
     )
     parser.add_argument(
         "--request-timeout",
         type=float,
         default=600.0,
-        help="total seconds per request, connecting to the answer's last byte (default 600)",
+        help="total seconds per request, connecting to the answer's last byte",
     )
     parser.add_argument(
         "--api-key-env",
         default="OPENAI_API_KEY",
         help="environment variable holding the API key, if the server needs one",
     )
+
+
+def _default(field: str) -> Any:
+    """The eval schema's default of `field` (what applies when neither flag nor config sets it)."""
+    return _FIELDS[field].default
 
 
 def _int_list(text: str) -> tuple[int, ...]:

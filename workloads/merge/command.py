@@ -9,16 +9,15 @@ from __future__ import annotations
 import argparse
 import os
 
-from workloads import errors, runconfig, storage
+from workloads import cli_options, errors, runconfig, storage
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config",
-        type=storage.absolute,
-        help="run config (local or gs://): base = model.base, checkpoint = the run's "
-        "checkpoints, out/step/shard size = the merge section; a re-run after a finished merge "
-        "of the same step does nothing (this is how the VM's merge unit calls it)",
+    cli_options.add_config(
+        parser,
+        uses="base = model.base, checkpoint = the run's checkpoints, out/step/shard size = the "
+        "merge section; a re-run after a finished merge of the same step does nothing (this is "
+        "how the VM's merge unit calls it)",
     )
     parser.add_argument(
         "--base", type=storage.absolute, help="base model directory (local or gs://)"
@@ -30,8 +29,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
     parser.add_argument("--out", type=storage.absolute, help="output directory (local or gs://)")
-    parser.add_argument(
-        "--shard-size", default=None, help="largest output file, e.g. 5GB or 512MiB (default 5GB)"
+    cli_options.config_default(
+        parser.add_argument(
+            "--shard-size", default=None, help="largest output file, e.g. 5GB or 512MiB"
+        ),
+        runconfig.MergeSection.model_fields["shard_size"].default,
     )
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output")
     parser.add_argument(

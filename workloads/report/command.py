@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from workloads import catalog, errors, logs, runconfig, storage
+from workloads import catalog, cli_options, errors, logs, runconfig, storage
 from workloads.evaluation import judge
 from workloads.report import costs, summaries
 
@@ -24,11 +24,10 @@ NOT_REPORTED = "not reported"  # a figure the paper does not give
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config",
-        type=storage.absolute,
-        help="run config (local or gs://): finds the three summaries "
-        "in train.output_dir, bench.results_dir and eval.results_dir",
+    cli_options.add_config(
+        parser,
+        uses="finds the three summaries in train.output_dir, bench.results_dir and "
+        "eval.results_dir",
     )
     parser.add_argument(
         "--train-summary", type=storage.absolute, help="train_summary.json (local or gs://)"

@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from typing import TextIO
 
-from workloads import errors, logs, runconfig, storage
+from workloads import cli_options, errors, logs, runconfig
 from workloads.serve import argv as argv_lib
 from workloads.serve import compile_cache, readiness, staging
 
@@ -45,12 +45,7 @@ class ServeError(errors.UserError):
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config",
-        required=True,
-        type=storage.absolute,
-        help="run config (YAML/JSON, local or gs://)",
-    )
+    cli_options.add_config(parser, required=True)
     parser.add_argument(
         "--dry-run",
         action="store_true",

@@ -15,16 +15,11 @@ import contextlib
 import os
 from typing import Any
 
-from workloads import runconfig, storage
+from workloads import cli_options, runconfig
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config",
-        required=True,
-        type=storage.absolute,
-        help="run config, YAML or JSON (local or gs://)",
-    )
+    cli_options.add_config(parser, required=True)
     parser.add_argument(
         "--fresh-optimizer-state",
         action="store_true",

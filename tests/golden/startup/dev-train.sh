@@ -15,16 +15,15 @@ readonly LOG_FILE=/var/log/gemma4-startup.log
 readonly STAGES_FILE=/var/lib/gemma4/stages.jsonl
 # This script, kept on the VM so the jobs after ready can run it as their own systemd unit.
 readonly SCRIPT_COPY=/var/lib/gemma4/startup.sh
-readonly REQUIREMENTS_DIGEST=f89251fd68623b75
+readonly REQUIREMENTS_DIGEST=4fba19287604301e
 # gs://.../venv-<digest>.tar.gz: this venv packed by the first VM, restored by the others ('':
 # none). Its .sha256 next to it is written last and checked before anything is unpacked.
-readonly VENV_ARCHIVE_URI=gs://your-gcp-project-gemma4-dev-us-central1/venv/train-f89251fd68623b75.tar.gz
+readonly VENV_ARCHIVE_URI=gs://your-gcp-project-gemma4-dev-us-central1/venv/train-4fba19287604301e.tar.gz
 readonly -a REQUIREMENTS=(
   '--find-links https://storage.googleapis.com/jax-releases/libtpu_releases.html'
   'jax[tpu]==0.10.2'
   libtpu==0.0.42.1
   flax==0.12.8
-  google-tunix==0.1.7
   qwix==0.1.8
   orbax-checkpoint==0.12.8
   optax==0.2.8
@@ -38,10 +37,20 @@ readonly -a REQUIREMENTS=(
   tensorboardX==2.6.5
   tqdm==4.70.1
   psutil==7.2.2
+  google-metrax==0.2.4
+  jaxtyping==0.3.11
+  pandas==3.1.1
+  perfetto==0.59.1
+  pillow==13.0.0
+  sentencepiece==0.2.3
   pydantic==2.14.4
   pyyaml==6.0.4
   jinja2==3.1.6
   fsspec==2026.9.0
+)
+# Installed after REQUIREMENTS without their dependencies (pyproject's [tool.gemma4-tpu.no-deps]).
+readonly -a NO_DEPS=(
+  google-tunix==0.1.7
 )
 # The whole lock (constraints.txt), as CI installs it: every package the pins pull in is pinned.
 readonly -a CONSTRAINTS=(
@@ -424,6 +433,9 @@ install_venv() {
   printf '%s\n' "${CONSTRAINTS[@]}" >"$constraints"
   retry 3 "$VENV_DIR/bin/python" -m pip install -q --upgrade pip
   retry 3 "$VENV_DIR/bin/python" -m pip install -q -r "$requirements" -c "$constraints"
+  if [ "${#NO_DEPS[@]}" -gt 0 ]; then
+    retry 3 "$VENV_DIR/bin/python" -m pip install -q --no-deps -c "$constraints" "${NO_DEPS[@]}"
+  fi
   printf '%s\n' "$REQUIREMENTS_DIGEST" >"$stamp"
   log "venv $VENV_DIR installed"
 }

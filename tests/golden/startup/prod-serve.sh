@@ -27,6 +27,9 @@ readonly -a REQUIREMENTS=(
   jinja2==3.1.6
   fsspec==2026.9.0
 )
+# Installed after REQUIREMENTS without their dependencies (pyproject's [tool.gemma4-tpu.no-deps]).
+readonly -a NO_DEPS=(
+)
 # The whole lock (constraints.txt), as CI installs it: every package the pins pull in is pinned.
 readonly -a CONSTRAINTS=(
   absl-py==2.5.1
@@ -406,6 +409,9 @@ install_venv() {
   printf '%s\n' "${CONSTRAINTS[@]}" >"$constraints"
   retry 3 "$VENV_DIR/bin/python" -m pip install -q --upgrade pip
   retry 3 "$VENV_DIR/bin/python" -m pip install -q -r "$requirements" -c "$constraints"
+  if [ "${#NO_DEPS[@]}" -gt 0 ]; then
+    retry 3 "$VENV_DIR/bin/python" -m pip install -q --no-deps -c "$constraints" "${NO_DEPS[@]}"
+  fi
   printf '%s\n' "$REQUIREMENTS_DIGEST" >"$stamp"
   log "venv $VENV_DIR installed"
 }
