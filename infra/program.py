@@ -18,24 +18,19 @@ from typing import Any
 
 import pulumi
 
-from infra import (
-    compile_check,
-    release_record,
-    runconfig_render,
-    stack_config,
-    stack_deployments,
-    startup,
-    validation,
-)
-from infra import config as config_mod
 from infra.components import apis as apis_mod
 from infra.components import bucket as bucket_mod
 from infra.components import firewall as firewall_mod
 from infra.components import recovery as recovery_mod
 from infra.components import secret as secret_mod
 from infra.components import service_account as sa_mod
+from infra.components import stack_deployments
 from infra.components import tpu_vm as tpu_mod
 from infra.components import workloads as workloads_mod
+from infra.config import model as config_mod
+from infra.config import runconfig_render, stack_config, validation
+from infra.ops import compile_check, release_record
+from infra.vm import startup
 from workloads import catalog, errors, runconfig
 
 COST_BASIS = "on-demand list price per hour (the paper's rates); spot/preemptible is billed less"
@@ -43,7 +38,8 @@ COST_BASIS = "on-demand list price per hour (the paper's rates); spot/preemptibl
 
 @dataclasses.dataclass
 class StackResources:
-    """What the program declared; the deployment (infra/ssh_deployment.py) builds on it."""
+    """What the program declared; the deployment (infra/resources/ssh_deployment.py) builds on
+    it."""
 
     config: config_mod.StackConfig
     run_config: runconfig.RunConfig
@@ -117,7 +113,7 @@ def hourly_cost(cfg: config_mod.StackConfig) -> dict[str, Any]:
 
 def tpu_scope(cfg: config_mod.StackConfig, labels: dict[str, str]) -> dict[str, Any]:
     """The project, every zone either VM may be placed in, and the labels that mark the stack's
-    TPUs (what infra.leftovers scans)."""
+    TPUs (what infra.tpu.leftovers scans)."""
     zones = [*cfg.training.zones, *(cfg.serving.zones if cfg.serving.enabled else ())]
     return {
         "project": cfg.project,
@@ -171,7 +167,7 @@ def build(
         hf_token: the Hugging Face token as a Pulumi secret, or None.
         ssh_keys: the ssh-keys metadata value.
         stack: the Pulumi stack name (a label).
-        released: the run's release record (infra.release_record): the training node and its
+        released: the run's release record (infra.ops.release_record): the training node and its
             deployment are left out.
         recovery_secrets: the recovery controller's SSH key, passphrase or KMS key
             (stack_config.load_recovery_secrets); required when recovery.enabled.

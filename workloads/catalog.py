@@ -4,8 +4,8 @@ The figures come from the paper this project reproduces ("Fine-Tuning and Servin
 Google Cloud TPU", arXiv 2605.25645), Cloud TPU's documentation and the model's own config.json;
 each says where it comes from next to it.
 
-Validation (infra/validation.py), sizing (infra/sizing.py) and the cost report all read this
-module. It is pure Python with no third-party imports so that both the infra side and the
+Validation (infra/config/validation.py), sizing (infra/config/sizing.py) and the cost report all
+read this module. It is pure Python with no third-party imports so that both the infra side and the
 workloads side use it.
 
 The few functions in it only look facts up.

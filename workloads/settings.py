@@ -1,6 +1,6 @@
 """The settings a user chooses, defined once: the stack config and the run config both use them.
 
-A stack config section (infra/config.py) is one of these models plus what only the cloud side
+A stack config section (infra/config/model.py) is one of these models plus what only the cloud side
 needs (zones, provisioning, enabled flags), read with camelCase keys at the Pulumi edge. The run
 config a VM reads (workloads/runconfig.py) is one of these models plus where things live (gs://
 paths, ports on the host), and infra renders it as a projection of the stack config (`values_of`),

@@ -24,9 +24,9 @@ import pathlib
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import source_archive, startup, templating
 from infra.components import secret as secret_mod
 from infra.components import service_account as sa_mod
+from infra.vm import source_archive, startup, templating
 from workloads import catalog
 
 # What creating, replacing and deleting a TPU node (directly or through a queued resource) and

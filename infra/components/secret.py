@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.previous_types import renamed_from
+from infra.resources.previous_types import renamed_from
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""A Cloud TPU VM slice (infra/components/tpu_node.py's TpuNode) with its startup script,
+"""A Cloud TPU VM slice (infra/resources/tpu_node.py's TpuNode) with its startup script,
 service account and tags, placed in the first zone of its list with capacity."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Any
 
 import pulumi
 
-from infra import tpu_placement
 from infra.components import service_account as sa_mod
-from infra.components import tpu_node
+from infra.resources import tpu_node
+from infra.tpu import placement as tpu_placement
 
 
 @dataclasses.dataclass(frozen=True)

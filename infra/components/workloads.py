@@ -1,6 +1,6 @@
 """The deployment component of one VM: the wheel, the run config and the systemd units of its
-role, pushed to every worker by one infra.ssh_deployment.SshDeployment whose inputs are content
-hashes, so `pulumi preview` shows what would be redeployed and why."""
+role, pushed to every worker by one infra.resources.ssh_deployment.SshDeployment whose inputs are
+content hashes, so `pulumi preview` shows what would be redeployed and why."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ from typing import Any
 
 import pulumi
 
-from infra import remote, ssh_access, ssh_deployment
-from infra.deployment_record import VmInfo
-from infra.units import Role, plan_units
-from infra.workloads_wheel import Wheel, build_wheel
+from infra import remote
+from infra.ops.deployment_record import VmInfo
+from infra.remote import ssh_access
+from infra.resources import ssh_deployment
+from infra.vm.units import Role, plan_units
+from infra.vm.workloads_wheel import Wheel, build_wheel
 from workloads import runconfig
 
 
@@ -25,9 +27,9 @@ class WorkloadsDeploymentArgs:
         vm: TPU node name.
         role: "train" (train + merge units) or "serve" (serve + eval + bench units).
         hosts: worker addresses, worker 0 first (usually an Output of the TPU VM).
-        run_config: the run config rendered from the stack config (infra.runconfig_render).
+        run_config: the run config rendered from the stack config (infra.config.runconfig_render).
         ssh: the stack, user, key fingerprint, known_hosts name, port: portable values only;
-            the key file is found on the machine that runs each operation (infra.ssh_access).
+            the key file is found on the machine that runs each operation (infra.remote.ssh_access).
         project: Google Cloud project (for `python -m infra.ops status`).
         zone: the VM's zone (same).
         remote_root: prefix of every remote path; "/" on real VMs (tests use a temp dir).
@@ -136,14 +138,14 @@ def declare(
     opts: pulumi.ResourceOptions | None = None,
     **overrides: Any,
 ) -> WorkloadsDeployment:
-    """Declares the deployment of one VM (what infra.stack_deployments calls per VM).
+    """Declares the deployment of one VM (what infra.components.stack_deployments calls per VM).
 
     Args:
         name: component name, e.g. "train" or "serve".
         vm: TPU node name.
         role: "train" or "serve".
         hosts: worker addresses (Output of the TPU VM component), worker 0 first.
-        run_config: infra.runconfig_render.render_run_config(cfg).
+        run_config: infra.config.runconfig_render.render_run_config(cfg).
         access: how to reach the workers (declare_for_stack builds it from the stack config).
         project: Google Cloud project id.
         zone: the VM's zone (an Output of the TPU VM: where it was placed).

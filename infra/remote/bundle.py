@@ -21,7 +21,7 @@ class Bundle:
 
     Attributes:
         wheel_path: local path of the workloads wheel built from this checkout.
-        wheel_sha256: content hash of the wheel (see infra.workloads_wheel.wheel_hash).
+        wheel_sha256: content hash of the wheel (see infra.vm.workloads_wheel.wheel_hash).
         run_config_yaml: the run config, installed as the release's run.yaml (mode 0600).
         units: systemd unit file name -> rendered text.
         enable: units to enable (start at boot).

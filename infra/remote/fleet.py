@@ -9,7 +9,7 @@ from typing import Any
 
 import fabric
 
-from infra import ssh
+from infra.remote import ssh
 from infra.remote.bundle import Bundle
 from infra.remote.errors import DeployError, RemoteError
 from infra.remote.layout import RemoteLayout

@@ -1,6 +1,6 @@
 """Where things live on a TPU worker: the one place that names the remote paths.
 
-The startup scripts (infra/startup.py renders them) and the deploy steps both read these paths
+The startup scripts (infra/vm/startup.py renders them) and the deploy steps both read these paths
 from a RemoteLayout, so a path is written once. `root` prefixes every path: the tests run
 several "workers" under temporary directories on one machine.
 

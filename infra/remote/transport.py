@@ -16,7 +16,7 @@ import fabric
 import invoke
 import paramiko
 
-from infra import ssh
+from infra.remote import ssh
 from infra.remote.errors import ReadyTimeout, RemoteError
 from infra.remote.layout import RemoteLayout
 from workloads import logs
@@ -140,7 +140,7 @@ def wait_ready(
 
     Raises:
         ReadyTimeout: naming the host and what the startup log shows (or the last SSH error).
-        SshError: the host key changed (see infra.ssh.describe).
+        SshError: the host key changed (see infra.remote.ssh.describe).
     """
     deadline = time.monotonic() + timeout_s
     delay = initial_delay_s

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from infra import ops, preflight
+from infra.ops import cli as ops
+from infra.ops import preflight
 from workloads import cli, cli_options
 from workloads.train import guards
 

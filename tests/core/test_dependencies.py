@@ -19,7 +19,7 @@ import tomllib
 
 import pytest
 
-from infra import startup
+from infra.vm import startup
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGES = ("workloads", "infra")
@@ -33,7 +33,7 @@ RUNTIME_EXTRAS = ("infra", "workloads", "compile")
 
 
 def _name(requirement: str) -> str:
-    """The distribution a requirement line names, normalized as pip does (infra.startup)."""
+    """The distribution a requirement line names, normalized as pip does (infra.vm.startup)."""
     return startup.normalized_name(re.split(r"[<>=!~\[ ;]", requirement, maxsplit=1)[0])
 
 
@@ -180,7 +180,7 @@ def test_no_import_cycle(package):
 
 def test_constraints_pin_every_declared_package_at_the_version_installed_here():
     """constraints.txt is the one source of pins: CI installs with it, the VMs are pinned from
-    it (infra.startup), so what the tests ran is what the VMs run."""
+    it (infra.vm.startup), so what the tests ran is what the VMs run."""
     pins = startup.pinned_versions()
     assert not _declared() - set(pins), "declared but not pinned in constraints.txt"
     wrong = {}
@@ -210,8 +210,8 @@ def test_the_build_requirements_are_exact_pins_of_what_is_installed_here():
 INFRA_ONLY_MODULES = (
     "infra.program",
     "infra.ops",
-    "infra.recover",
-    "infra.cost",
+    "infra.ops.recover",
+    "infra.ops.cost",
     "infra.preflight",
     "workloads.train.metrics",  # recover reads the run's train_summary.json through it
 )
@@ -256,7 +256,7 @@ mapping["recovery"] = {{"enabled": True, "backendUrl": "gs://acme-state"}}
 secrets = {{"recoverySshKey": "k", "recoveryPassphrase": "p"}}
 recording = pulumi_mocks.run_program("dev", mapping, hf_token="hf_x", secrets=secrets)
 assert recording.of_type("gcp:compute/instance:Instance")
-from infra import ops
+from infra.ops import cli as ops
 sys.exit(ops.main(["recover", "--help"]))
 """
     run = subprocess.run(

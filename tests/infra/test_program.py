@@ -13,9 +13,11 @@ import json
 import pulumi
 import pytest
 
-from infra import config, stack_config, startup
 from infra.components import bucket as bucket_mod
 from infra.components import service_account as sa_mod
+from infra.config import model as config
+from infra.config import stack_config
+from infra.vm import startup
 from tests.fixtures import pulumi_mocks
 from workloads import catalog
 
@@ -386,7 +388,9 @@ def test_ssh_agent_identity_when_no_key_file_is_configured():
     ip = out["serveWorkerIps"][0]
     assert out["servingTunnelCommand"] == f"ssh -N -L 8000:127.0.0.1:8000 gemma4@{ip}"
     for dep in rec.of_type("pulumi-python:dynamic/gemma4:SshDeployment"):
-        assert "ssh_key_path" not in dep.inputs  # each machine finds its own (infra.ssh_access)
+        assert (
+            "ssh_key_path" not in dep.inputs
+        )  # each machine finds its own (infra.remote.ssh_access)
     assert rec.one(TPU, "train-node").inputs["metadata"]["ssh-keys"] == (
         f"gemma4:{pulumi_mocks.FAKE_PUBLIC_KEY}"
     )
@@ -435,7 +439,7 @@ CUSTOM_ROLE = "gcp:projects/iAMCustomRole:IAMCustomRole"
 def _release_stack(monkeypatch, record: dict | None):
     """The dev stack with training.releaseWhenDone, and the run's release record (None: the run
     has not released its node yet) as the bucket would answer."""
-    from infra import release_record
+    from infra.ops import release_record
 
     mapping = pulumi_mocks.stack_file_config("dev")
     mapping["training"] = {**mapping["training"], "releaseWhenDone": True}

@@ -48,11 +48,11 @@ def hidden_states() -> Iterator[dict[str, Any]]:
         box["embedder"] = self
         return jnp.zeros((*x.shape[:-1], 1), self.config.dtype)
 
-    gemma4_model.Embedder.decode = recording_decode  # type: ignore[method-assign]
+    gemma4_model.Embedder.decode = recording_decode  # type: ignore[method-assign,unused-ignore]
     try:
         yield box
     finally:
-        gemma4_model.Embedder.decode = original  # type: ignore[method-assign]
+        gemma4_model.Embedder.decode = original  # type: ignore[method-assign,unused-ignore]
 
 
 def chunked_nll(

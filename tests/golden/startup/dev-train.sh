@@ -1,6 +1,6 @@
 #!/bin/bash
 # gemma4-tpu startup script of the training TPU VM (every worker of the slice).
-# Rendered by infra/startup.py from templates/startup/train.sh.j2: do not edit on the VM.
+# Rendered by infra/vm/startup.py from templates/startup/train.sh.j2: do not edit on the VM.
 # Runs at every boot and is idempotent: each step checks what is already there.
 set -euo pipefail
 umask 022

@@ -1,6 +1,6 @@
 #!/bin/bash
 # gemma4-tpu startup script of the serving TPU VM (vLLM in Docker, verilog-eval, iverilog).
-# Rendered by infra/startup.py from templates/startup/serve.sh.j2: do not edit on the VM.
+# Rendered by infra/vm/startup.py from templates/startup/serve.sh.j2: do not edit on the VM.
 # Runs at every boot and is idempotent: each step checks what is already there.
 set -euo pipefail
 umask 022

@@ -1,0 +1,102 @@
+"""What the stack's outputs say about its VMs, for the operator commands (ops, recover).
+
+The `deployments` output maps a role ("train", "serve") to what infra.components.stack_deployments
+exports as `ops_info` (worker addresses, SSH identity, units, run directory, serving port);
+VmInfo (infra/ops/deployment_record.py) is that record, typed, and the one thing the commands pass
+around.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from infra.ops.deployment_record import VmInfo
+from infra.ops.stack_client import StackClient, StackClientError
+
+__all__ = [
+    "CloudRefused",
+    "OpsError",
+    "Released",
+    "VmInfo",
+    "load_outputs",
+    "release_message",
+    "vm_info",
+]
+
+
+class OpsError(Exception):
+    """A problem the operator can fix; printed as one line."""
+
+
+class CloudRefused(OpsError):
+    """Google Cloud answered a request with an error (permission, quota, a refused call): exit
+    status 4, so that a script tells it from a usage error (2)."""
+
+
+class Released(OpsError):
+    """The training VM gave its node back when its run finished (training.releaseWhenDone)."""
+
+
+def load_outputs(stack: str | None = None, outputs_file: str | None = None) -> dict[str, Any]:
+    """The stack's outputs as a dict: from `outputs_file` (written by `pulumi stack output
+    --json`), else from the stack through infra.ops.stack_client.
+
+    Raises:
+        OpsError: the file cannot be read, or the pulumi CLI is missing or fails.
+    """
+    if outputs_file:
+        try:
+            with open(outputs_file) as handle:
+                data = json.load(handle)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise OpsError(f"cannot read stack outputs from {outputs_file}: {exc}") from None
+    else:
+        try:
+            data = StackClient(stack).outputs()
+        except StackClientError as exc:
+            raise OpsError(
+                f"{exc} (or pass --outputs FILE written by `pulumi stack output --json`)"
+            ) from None
+    if not isinstance(data, dict):
+        raise OpsError("stack outputs are not a JSON object")
+    return data
+
+
+def release_message(outputs: dict[str, Any]) -> str | None:
+    """What the `trainReleased` output says, as one line; None when the training VM was not
+    released (training.releaseWhenDone)."""
+    released = outputs.get("trainReleased")
+    if not isinstance(released, dict):
+        return None
+    return (
+        f"the training VM {released.get('node') or outputs.get('trainNode')} was released "
+        f"when run {released.get('run_name', '?')} finished "
+        f"({released.get('released_at', '?')}; {released.get('marker', 'released.json')}): "
+        "set a new runName and `pulumi up` to train again"
+    )
+
+
+def vm_info(outputs: dict[str, Any], role: str, *, require_hosts: bool = True) -> VmInfo:
+    """The deployment info of the stack's `role` VM (`require_hosts=False`: addresses optional).
+
+    Raises:
+        OpsError: the stack has no deployments output, no such VM, or no worker addresses.
+    """
+    released = release_message(outputs) if role == "train" else None
+    if released is not None:
+        raise Released(released)
+    deployments = outputs.get("deployments")
+    if not isinstance(deployments, dict) or not deployments:
+        raise OpsError(
+            "the stack has no 'deployments' output: run `pulumi up` first (or check --stack)"
+        )
+    data = deployments.get(role)
+    if not isinstance(data, dict):
+        have = ", ".join(sorted(deployments)) or "none"
+        hint = " (the serving VM exists only with serving.enabled: true)" if role == "serve" else ""
+        raise OpsError(f"the stack has no {role} VM{hint}; it has: {have}")
+    info = VmInfo.model_validate({**data, "role": role})
+    if require_hosts and not info.hosts:
+        raise OpsError(f"the {role} VM {info.vm} has no worker addresses in the stack outputs yet")
+    return info

@@ -1,0 +1,1 @@
+"""Pulumi dynamic resources (the TPU node, the SSH deployment) and what their providers share."""
