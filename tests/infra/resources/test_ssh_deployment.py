@@ -185,7 +185,7 @@ def test_delete_skips_an_address_that_now_answers_with_another_host_key():
 # `python -u -m pulumi.dynamic`), with the project directory of the test's machine set first.
 PROVIDER_SERVER = (
     "import pathlib, runpy, sys\n"
-    "from infra import ssh_access\n"
+    "from infra.remote import ssh_access\n"
     "ssh_access.PROJECT_DIR = pathlib.Path(sys.argv[1])\n"
     "runpy.run_module('pulumi.dynamic', run_name='__main__')\n"
 )
