@@ -10,7 +10,6 @@ without a new test.
 
 from __future__ import annotations
 
-import copy
 import math
 import typing
 from typing import Any
@@ -26,6 +25,7 @@ from tests.fixtures import pulumi_mocks
 
 TOKEN = "hf_TEST_SECRET_3f9a1c7e5b2d4068a1b2c3d4e5f60718"
 KEYS = list(config_reference.iter_keys())
+_with = pulumi_mocks.with_key
 MAX_PROBLEM_LINES = 6
 
 HOSTILE_STRINGS = (
@@ -62,18 +62,6 @@ def _scalar_kind(key: config_reference.Key) -> type | None:
     if typing.get_origin(base) is typing.Literal:
         return str
     return base if base in (str, int, float, bool) else None
-
-
-def _with(mapping: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
-    out = copy.deepcopy(mapping)
-    node = out
-    *parents, leaf = path.split(".")
-    for part in parents:
-        child = node.get(part)
-        node[part] = dict(child) if isinstance(child, dict) else {}
-        node = node[part]
-    node[leaf] = value
-    return out
 
 
 def must_refuse(key: config_reference.Key, value: Any) -> bool:

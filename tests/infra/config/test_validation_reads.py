@@ -6,7 +6,6 @@ choice, and a read the rule does not declare fails with its name and key."""
 
 from __future__ import annotations
 
-import copy
 import functools
 import inspect
 from typing import Any
@@ -59,18 +58,6 @@ class Recording:
         return value
 
 
-def _set(mapping: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
-    out = copy.deepcopy(mapping)
-    node = out
-    *parents, leaf = path.split(".")
-    for part in parents:
-        child = node.get(part)
-        node[part] = dict(child) if isinstance(child, dict) else {}
-        node = node[part]
-    node[leaf] = value
-    return out
-
-
 def _variants(stack: str) -> list[Any]:
     """The stack as checked in, and with each bool flipped and each choice taken in turn."""
     base = pulumi_mocks.stack_file_config(stack)
@@ -78,7 +65,7 @@ def _variants(stack: str) -> list[Any]:
     for key in KEYS:
         choices = key.choices
         if choices:
-            mappings += [_set(base, key.path, choice) for choice in choices]
+            mappings += [pulumi_mocks.with_key(base, key.path, choice) for choice in choices]
     configs = []
     for mapping in mappings:
         try:
