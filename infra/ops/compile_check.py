@@ -48,6 +48,9 @@ from workloads.train import packed_attention
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CACHE_DIR = ROOT / ".compile-check"
+# benchmarks/step_levers.py's results: the step with one lever changed, and its collectives read
+# from the compiled HLO ("baseline" is the step unchanged).
+LEVER_DIR = CACHE_DIR / "levers"
 # The depths compiled by default; the line is fitted through all of them.
 DEPTHS = (6, 12, 18)
 # Real (non-padding) share of the computed tokens of the CodeV-R1 rows at max_seq_len 3072, as
@@ -156,6 +159,9 @@ class Estimate:
     kernel_flops: float = 0.0
     kernel_seconds: float = 0.0
     error: str | None = None
+    # Per chip and micro-step at the model's depth: (buffer bytes, bytes a ring sends) of the
+    # collectives in the compiled HLO, and the depths they come from; None: not counted.
+    collectives: tuple[float, float, tuple[int, ...]] | None = None
 
     @property
     def fits(self) -> bool:
@@ -341,6 +347,45 @@ class ResultCache:
         os.replace(tmp, self._path(key, result.layers))
 
 
+def lever_path(key: str, lever: str, layers: int) -> pathlib.Path:
+    """Where benchmarks/step_levers.py keeps the step of `key` with `lever`, at `layers`."""
+    return LEVER_DIR / f"{key}-{lever}-{layers}.json"
+
+
+def collectives_at(
+    settings: dict[str, Any], layers: int, directory: pathlib.Path | None = None
+) -> tuple[float, float, tuple[int, ...]] | None:
+    """The unchanged step's collectives (buffer bytes, ring bytes) per chip and micro-step at
+    `layers`, from step_levers' counts at the depths it compiled; None when it has none."""
+    directory = directory if directory is not None else LEVER_DIR
+    key = cache_key(settings)
+    points: list[tuple[int, float, float]] = []
+    for path in sorted(directory.glob(f"{key}-baseline-*.json")):
+        try:
+            data = json.loads(path.read_text())
+            found = data["collectives"]
+            points.append(
+                (
+                    int(data["layers"]),
+                    float(sum(found["buffer_bytes"].values())),
+                    float(sum(found["ring_bytes"].values())),
+                )
+            )
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue  # a damaged entry is counted again by the benchmark
+    if not points:
+        return None
+    depths = tuple(sorted(p[0] for p in points))
+
+    def at(column: int) -> float:
+        if len(points) == 1:
+            return points[0][column] * layers / points[0][0]
+        intercept, slope = _line([(p[0], p[column]) for p in points])
+        return intercept + slope * layers
+
+    return at(1), at(2), depths
+
+
 # --------------------------------------------------------------------------- compiling
 
 
@@ -504,6 +549,7 @@ def estimate(
         kernel_flops=at_depth("kernel_flops"),
         kernel_seconds=at_depth("kernel_seconds"),
         fit_note=note,
+        collectives=collectives_at(settings, spec.layers),
     )
 
 
@@ -575,6 +621,7 @@ def report(est: Estimate) -> str:
             f"{catalog.PAPER.train_tokens_per_s_tpu:,.0f})",
             f"  share of peak        {_band_text(est.peak_share_band, '{:.0%}')} (XLA's FLOPs "
             f"over {est.chips} x {est.peak_flops_per_chip / 1e12:.0f} TFLOP/s)",
+            _collectives_line(est),
             f"  assumptions: fast end = XLA's cost model, kernels at "
             f"{KERNEL_EFFICIENCY[0]:.0%} of peak; slow end = XLA's part x"
             f"{est.xla_optimism:.2f} (its optimism on the paper's measured step), kernels at "
@@ -582,6 +629,21 @@ def report(est: Estimate) -> str:
         ]
     lines.append(verdict_line(est))
     return "\n".join(lines)
+
+
+def _collectives_line(est: Estimate) -> str:
+    if est.collectives is None:
+        return (
+            "  collectives          not counted for these settings "
+            "(benchmarks/step_levers.py reads them from the compiled HLO)"
+        )
+    buffers, ring, depths = est.collectives
+    return (
+        f"  collectives          {buffers / 1e9:.1f} GB of buffers per micro-step, "
+        f"{ring / 1e9:.1f} GB sent per chip by a ring (from the HLO at "
+        f"{', '.join(map(str, depths))} layers; XLA's time prices them, a TPU run shows how "
+        f"much hides behind compute)"
+    )
 
 
 def verdict_line(est: Estimate) -> str:

@@ -431,3 +431,40 @@ def test_every_sweep_setting_is_one_validation_accepts_on_its_slice():
     assert compile_check.step_settings(prod) in [
         compile_check.step_settings(sweep.sweep_config("prod", *s)) for s in sweep.SETTINGS
     ]
+
+
+def test_the_collectives_come_from_the_step_levers_counts(tmp_path, monkeypatch):
+    """The report carries the unchanged step's collectives per micro-step, extrapolated like the
+    rest from the depths benchmarks/step_levers.py counted; other levers' and damaged entries
+    are not read, and without a count the report says so instead of printing a figure."""
+    import json
+
+    monkeypatch.setattr(compile_check, "LEVER_DIR", tmp_path / "levers")
+    cfg = _cfg()
+    cache = compile_check.ResultCache(tmp_path)
+    est = compile_check.check("prod", cfg, compile_fn=FakeCompiler(), cache=cache)
+    assert est is not None and est.collectives is None
+    assert "collectives          not counted for these settings" in compile_check.report(est)
+
+    key = compile_check.cache_key(compile_check.step_settings(cfg))
+    (tmp_path / "levers").mkdir()
+    for lever, layers, gb in (("baseline", 6, 9.0), ("baseline", 12, 15.0), ("overlap", 6, 99)):
+        entry = {
+            "layers": layers,
+            "collectives": {
+                "buffer_bytes": {"all-reduce": 0.75 * gb * 1e9, "all-gather": 0.25 * gb * 1e9},
+                "ring_bytes": {"all-reduce": 1.5 * gb * 1e9},
+            },
+        }
+        compile_check.lever_path(key, lever, layers).write_text(json.dumps(entry))
+    compile_check.lever_path(key, "baseline", 18).write_text("{not json")
+    est = compile_check.check("prod", cfg, compile_fn=FakeCompiler(), cache=cache)
+    assert est is not None and est.collectives is not None
+    buffers, ring, depths = est.collectives
+    assert depths == (6, 12)
+    assert buffers == pytest.approx((9.0 + 54 * 1.0) * 1e9)  # 1 GB per layer from 6 to 60
+    assert ring == pytest.approx(1.5 * buffers)
+    assert (
+        "collectives          63.0 GB of buffers per micro-step, 94.5 GB sent per chip by a ring "
+        "(from the HLO at 6, 12 layers;"
+    ) in compile_check.report(est)
