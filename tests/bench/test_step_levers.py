@@ -79,7 +79,7 @@ def test_the_report_reads_cached_results_without_compiling(tmp_path, monkeypatch
     for layers in (6, 12):
         scale = layers / 6
         entry("baseline", layers, 9e9 * scale, 0.2 * scale, 4e9 * scale)
-        entry("fused-backward", layers, 9.5e9 * scale, 0.19 * scale, 4e9 * scale)
+        entry("split-backward", layers, 9.5e9 * scale, 0.19 * scale, 4e9 * scale)
     monkeypatch.setattr(
         step_levers,
         "segment_skip",
@@ -91,10 +91,10 @@ def test_the_report_reads_cached_results_without_compiling(tmp_path, monkeypatch
             "aware_local": 15.0,
         },
     )
-    assert step_levers.main(["--depths", "6,12", "--only", "fused-backward"]) == 0
+    assert step_levers.main(["--depths", "6,12", "--only", "split-backward"]) == 0
     out = capsys.readouterr().out
-    assert "| fused-backward | 12 |" in out
-    assert "fused-backward  XLA time      2.000 ->    1.900 s (-5.0%)" in out
+    assert "| split-backward | 12 |" in out
+    assert "split-backward  XLA time      2.000 ->    1.900 s (-5.0%)" in out
     assert "40.0 GB sent per chip by a ring" in out  # 4 GB per 6 layers, at 60 layers
     assert "global layers visit 21 blocks, 10.5 needed" in out
 
@@ -104,3 +104,27 @@ def test_an_unknown_lever_is_one_line(capsys):
         step_levers.main(["--only", "fast-please"])
     assert exc.value.code == 2
     assert "unknown lever(s) fast-please" in capsys.readouterr().err
+
+
+def test_the_readme_quotes_the_committed_lever_results():
+    """The README's levers table is what step_levers prints from the committed results of
+    today's step (after a change of the step, re-run `benchmarks/step_levers.py --depths 6,12`
+    and commit what it writes to .compile-check/levers/)."""
+    from infra.ops import compile_check
+
+    key = compile_check.cache_key(compile_check.step_settings(step_levers.stack("prod")))
+    readme = (compile_check.ROOT / "README.md").read_text()
+    section = readme.split("**Levers tried on the step**", 1)[1].split("What a TPU run", 1)[0]
+    for lever in step_levers.LEVERS:
+        paths = [compile_check.lever_path(key, lever, layers) for layers in (6, 12)]
+        missing = [p.name for p in paths if not p.is_file()]
+        assert not missing, f"no committed lever result for today's step: {missing}"
+        results = [json.loads(p.read_text()) for p in paths]
+        for value, text in (
+            (lambda r: r["peak_bytes"] / 2**30, "{:.1f} GiB"),
+            (lambda r: r["flops"] / 1e12, "{:.1f} TFLOP"),
+            (lambda r: r["optimal_seconds"], "{:.3f} s"),
+            (lambda r: sum(r["collectives"]["ring_bytes"].values()) / 1e9, "{:.1f} GB"),
+        ):
+            quoted = text.format(step_levers._at(results, 60, value))
+            assert quoted in section, f"README's levers table does not quote {lever}'s {quoted}"

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 # Block matmuls per visited (query block, key block) pair and head, as the kernels run them
 # (see `_record_costs`).
 FORWARD_BLOCK_MATMULS = 2
-BACKWARD_BLOCK_MATMULS = 7
+BACKWARD_BLOCK_MATMULS = 5
 # Largest first: fewer, longer kernel steps; the row length must be a multiple of the block.
 BLOCK_SIZES = (512, 256, 128)
 
@@ -50,7 +50,7 @@ class KernelCosts:
     """FLOPs of the splash kernels traced into one step, per chip (one shard of heads and rows).
 
     forward: the forward kernels (q k^T and p v over the visited key blocks).
-    backward: the dq and dk/dv kernels, 7 matmuls per visited block (see `_record_costs`).
+    backward: the fused backward kernel, 5 matmuls per visited block (see `_record_costs`).
     """
 
     forward: float = 0.0
@@ -219,8 +219,9 @@ def splash_attention(
         block_q_dkv=block,
         block_kv_dkv=block,
         block_kv_dkv_compute=block,
-        block_q_dq=block,
-        block_kv_dq=block,
+        # dq inside the dk/dv kernel: each visited block's scores are computed once in the
+        # backward pass (5 block matmuls, not 7; benchmarks/step_levers.py measured the change).
+        use_fused_bwd_kernel=True,
     )
     mesh = pxla.thread_resources.env.physical_mesh
     b_axis, _, n_axis, _ = act_btnh
@@ -266,10 +267,12 @@ def _record_costs(mask: Any, rows: int, heads: int, head_dim: int, block: int) -
     """Adds this call's kernel FLOPs (per chip) to the active `recording_costs`, if any.
 
     Forward: two matmuls (q k^T, p v) of block x block x head_dim per visited (query block, key
-    block) pair and head. Backward: the pinned splash kernel runs it as two kernels that each
-    recompute the scores: dq (q k^T, dp = do v^T, dq = ds k: three matmuls) and dk/dv (q k^T,
-    dp = do v^T, dv = p^T do, dk = ds^T q: four), seven per visited block in all. A block is
-    visited when the mask allows any entry of it, as the kernel decides from the same mask.
+    block) pair and head. Backward: the kernel's fused backward (`use_fused_bwd_kernel`)
+    recomputes the scores once per visited block and derives all three gradients from them:
+    q k^T, dp = do v^T, dv = p^T do, dk = ds^T q and dq = ds k, five matmuls. (Its split
+    backward, a dq kernel and a dk/dv kernel that each recompute the scores, runs seven.) A
+    block is visited when the mask allows any entry of it, as the kernel decides from the same
+    mask.
     """
     costs = _COSTS.get()
     if costs is None:

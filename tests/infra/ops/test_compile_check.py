@@ -77,7 +77,7 @@ def test_linear_extrapolation_through_every_compiled_depth(tmp_path):
 
 
 def test_the_band_charges_the_kernels_as_they_run_and_calibrates_xla():
-    """The kernels' FLOPs (recorded as they run: 2 + 7 matmuls per block) are charged at 80% of
+    """The kernels' FLOPs (recorded as they run: 2 + 5 matmuls per block) are charged at 80% of
     peak at the fast end, at 50% at the slow end with XLA's own part divided by its optimism on
     the paper's measured step; tokens/s and the share of peak follow from the band, never from
     a 6N count."""
