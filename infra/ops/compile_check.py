@@ -353,14 +353,13 @@ def lever_path(key: str, lever: str, layers: int) -> pathlib.Path:
 
 
 def collectives_at(
-    settings: dict[str, Any], layers: int, directory: pathlib.Path | None = None
+    settings: dict[str, Any], layers: int
 ) -> tuple[float, float, tuple[int, ...]] | None:
     """The unchanged step's collectives (buffer bytes, ring bytes) per chip and micro-step at
     `layers`, from step_levers' counts at the depths it compiled; None when it has none."""
-    directory = directory if directory is not None else LEVER_DIR
     key = cache_key(settings)
     points: list[tuple[int, float, float]] = []
-    for path in sorted(directory.glob(f"{key}-baseline-*.json")):
+    for path in sorted(LEVER_DIR.glob(f"{key}-baseline-*.json")):
         try:
             data = json.loads(path.read_text())
             found = data["collectives"]
