@@ -40,7 +40,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import tempfile
 from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
@@ -83,8 +82,7 @@ def compile_lever(stack_name: str, lever: str, layers: int) -> dict[str, Any]:
     import jax
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 
-    from workloads import tiny_model
-    from workloads.train import compile_step, packed_attention
+    from workloads.train import packed_attention
 
     cfg = stack(stack_name)
     captured: dict[str, Any] = {}
@@ -108,25 +106,21 @@ def compile_lever(stack_name: str, lever: str, layers: int) -> dict[str, Any]:
 
         splash.BlockSizes = split_sizes
         packed_attention.BACKWARD_BLOCK_MATMULS = SPLIT_BACKWARD_BLOCK_MATMULS
-    run_cfg = compile_check._compile_run_config(cfg)
-    accelerator = catalog.accelerator(cfg.training.accelerator)
-    hf_config = tiny_model.catalog_hf_config(catalog.model(cfg.model.name))
-    step = compile_step.compile_train_step(run_cfg, hf_config, accelerator, layers=layers)
+    step = compile_check.compile_depth(cfg)(layers)
+    if step.error is not None:
+        raise SystemExit(f"step-levers: {lever} at {layers} layers: {step.error}")
     text = captured["compiled"].as_text()
     if os.environ.get("STEP_LEVERS_HLO"):  # to read what the counts come from
         pathlib.Path(os.environ["STEP_LEVERS_HLO"]).write_text(text)
-    found = hlo_collectives.count(text, devices=accelerator.jax_devices)
+    devices = catalog.accelerator(cfg.training.accelerator).jax_devices
+    found = hlo_collectives.count(text, devices=devices)
     return {
         "lever": lever,
         "layers": layers,
-        "peak_bytes": step.argument_bytes
-        + step.output_bytes
-        - step.alias_bytes
-        + step.temp_bytes
-        + step.code_bytes,
-        "flops": step.flops,
-        "kernel_flops": step.kernel_flops,
-        "optimal_seconds": step.optimal_seconds,
+        "peak_bytes": step.peak_bytes,
+        "flops": step.figures["flops"],
+        "kernel_flops": step.figures["kernel_flops"],
+        "optimal_seconds": step.figures["optimal_seconds"],
         "compile_seconds": step.compile_seconds,
         "collectives": {
             "count": dict(found.count),
@@ -144,8 +138,7 @@ def lever_result(stack_name: str, lever: str, layers: int) -> dict[str, Any]:
     path = compile_check.lever_path(key, lever, layers)
     if path.is_file():
         return json.loads(path.read_text())
-    env = dict(os.environ)
-    compile_step_env(env, cfg.training.accelerator)
+    env = dict(os.environ)  # the worker sets what libtpu needs (compile_step.topology_devices)
     if lever == "overlap":
         env["LIBTPU_INIT_ARGS"] = " ".join((env.get("LIBTPU_INIT_ARGS", ""), *OVERLAP_FLAGS))
     print(f"step-levers: compiling {lever} at {layers} layers (minutes)...", file=sys.stderr)
@@ -168,27 +161,9 @@ def lever_result(stack_name: str, lever: str, layers: int) -> dict[str, Any]:
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
         raise SystemExit(f"step-levers: {lever} at {layers} layers failed: {tail[0]}")
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(result, handle, indent=1, sort_keys=True)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    compile_check.write_result(path, result)
     return result
-
-
-def compile_step_env(env: dict[str, str], accelerator: str) -> None:
-    """The environment libtpu's compile-only client needs (as the compile check sets it)."""
-    saved = dict(os.environ)
-    try:
-        from workloads.train import compile_step
-
-        compile_step.libtpu_environment(accelerator)
-        env.update({k: v for k, v in os.environ.items() if k not in saved})
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 # --------------------------------------------------------------------------- segment skipping
@@ -266,22 +241,26 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
+def _ring_bytes(result: dict[str, Any]) -> float:
+    return float(sum(result["collectives"]["ring_bytes"].values()))
+
+
+def _buffer_bytes(result: dict[str, Any]) -> float:
+    return float(sum(result["collectives"]["buffer_bytes"].values()))
+
+
 def _collective_text(result: dict[str, Any]) -> str:
-    c = result["collectives"]
-    calls = sum(c["count"].values())
+    calls = sum(result["collectives"]["count"].values())
     return (
-        f"{calls} collectives, {sum(c['buffer_bytes'].values()) / 1e9:.1f} GB buffers, "
-        f"{sum(c['ring_bytes'].values()) / 1e9:.1f} GB ring"
+        f"{calls} collectives, {_buffer_bytes(result) / 1e9:.1f} GB buffers, "
+        f"{_ring_bytes(result) / 1e9:.1f} GB ring"
     )
 
 
 def _at(results: list[dict[str, Any]], layers: int, value: Any) -> float:
-    """The figure at `layers`: the line through two depths, or per-layer scaling from one."""
-    if len(results) == 1:
-        return value(results[0]) * layers / results[0]["layers"]
-    (a, b) = sorted(results, key=lambda r: r["layers"])[:2]
-    slope = (value(b) - value(a)) / (b["layers"] - a["layers"])
-    return value(a) + slope * (layers - a["layers"])
+    """The figure at `layers`, from the line through the compiled depths (as the compile check
+    extrapolates)."""
+    return compile_check.line_at([(r["layers"], value(r)) for r in results], layers)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -332,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             ("peak HBM", lambda r: r["peak_bytes"], "GiB", 2**30),
             ("XLA time", lambda r: r["optimal_seconds"], "s", 1),
             ("FLOPs", lambda r: r["flops"], "TFLOP", 1e12),
-            ("ring bytes", lambda r: sum(r["collectives"]["ring_bytes"].values()), "GB", 1e9),
+            ("ring bytes", _ring_bytes, "GB", 1e9),
         ):
             before, after = _at(base, spec.layers, value), _at(results, spec.layers, value)
             change = (after - before) / before if before else 0.0
@@ -340,8 +319,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"  {lever:<15} {name:<10} {before / scale:8.3f} -> {after / scale:8.3f} {unit} "
                 f"({change:+.1%})"
             )
-    ring = _at(base, spec.layers, lambda r: sum(r["collectives"]["ring_bytes"].values()))
-    buffers = _at(base, spec.layers, lambda r: sum(r["collectives"]["buffer_bytes"].values()))
+    ring = _at(base, spec.layers, _ring_bytes)
+    buffers = _at(base, spec.layers, _buffer_bytes)
     print(
         f"  collectives of the baseline at {spec.layers} layers: {buffers / 1e9:.1f} GB of "
         f"buffers, {ring / 1e9:.1f} GB sent per chip by a ring, per micro-step"

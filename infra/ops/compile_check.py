@@ -338,13 +338,18 @@ class ResultCache:
             return None  # a damaged entry is compiled again
 
     def put(self, key: str, result: DepthResult, settings: dict[str, Any]) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
         payload = {**dataclasses.asdict(result), "settings": settings, "versions": _versions()}
-        fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
-        with os.fdopen(fd, "w") as handle:
-            json.dump(payload, handle, indent=1, sort_keys=True)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep a committed result from other users
-        os.replace(tmp, self._path(key, result.layers))
+        write_result(self._path(key, result.layers), payload)
+
+
+def write_result(path: pathlib.Path, payload: dict[str, Any]) -> None:
+    """Writes a committed result file atomically (a kill leaves the old file or none)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(payload, handle, indent=1, sort_keys=True)
+    os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep a committed result from other users
+    os.replace(tmp, path)
 
 
 def lever_path(key: str, lever: str, layers: int) -> pathlib.Path:
@@ -375,14 +380,9 @@ def collectives_at(
     if not points:
         return None
     depths = tuple(sorted(p[0] for p in points))
-
-    def at(column: int) -> float:
-        if len(points) == 1:
-            return points[0][column] * layers / points[0][0]
-        intercept, slope = _line([(p[0], p[column]) for p in points])
-        return intercept + slope * layers
-
-    return at(1), at(2), depths
+    buffers = line_at([(p[0], p[1]) for p in points], layers)
+    ring = line_at([(p[0], p[2]) for p in points], layers)
+    return buffers, ring, depths
 
 
 # --------------------------------------------------------------------------- compiling
@@ -465,12 +465,17 @@ def _line(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
     return mean_y - slope * mean_x, slope
 
 
+def line_at(points: Sequence[tuple[int, float]], layers: int) -> float:
+    """The value at `layers` of the least-squares line through (layers, value) points."""
+    if len(points) == 1:  # one depth: scale the per-layer share, nothing fixed (an over-estimate)
+        return points[0][1] * layers / points[0][0]
+    intercept, slope = _line(points)
+    return intercept + slope * layers
+
+
 def extrapolate(fit: Sequence[DepthResult], layers: int, field: str | None = None) -> float:
     """The value of a figure (or of the peak, field None) at `layers`, from a linear fit."""
-    if len(fit) == 1:  # one depth: scale the per-layer share, nothing fixed (an over-estimate)
-        return _value(fit[0], field) * layers / fit[0].layers
-    intercept, slope = _line([(r.layers, _value(r, field)) for r in fit])
-    return intercept + slope * layers
+    return line_at([(r.layers, _value(r, field)) for r in fit], layers)
 
 
 def _value(r: DepthResult, field: str | None) -> float:

@@ -71,7 +71,7 @@ class Collectives:
     count: dict[str, int] = dataclasses.field(default_factory=lambda: defaultdict(int))
     buffer_bytes: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))
     ring_bytes: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))
-    # Loops whose trip count XLA did not record: their bodies are counted once.
+    # Loops whose trips neither XLA nor their condition gives: their bodies are counted once.
     unknown_trip_counts: int = 0
 
     @property
