@@ -241,6 +241,26 @@ def test_a_silent_endpoint_hits_the_total_deadline(raw_server):
     assert time.monotonic() - started < 2
 
 
+def test_a_socket_timeout_before_the_deadline_timer_is_the_deadline(raw_server, monkeypatch):
+    # The socket's timeout and the deadline timer are equal; when the socket's fires first (CI
+    # saw it), the answer is still the deadline's, not a bare "timed out".
+    class NeverFires:
+        def __init__(self, interval, function):
+            self.daemon = True
+
+        def start(self):
+            pass
+
+        def cancel(self):
+            pass
+
+    monkeypatch.setattr(sampling.threading, "Timer", NeverFires)
+    server = raw_server(lambda conn, stop: stop.wait(30))
+    client = sampling.ChatClient(server.url, timeout_s=0.3, max_attempts=1)
+    with pytest.raises(sampling.EndpointError, match=r"no complete answer within 0\.3 s"):
+        client.models()
+
+
 @pytest.mark.parametrize(
     "body",
     [bytes(range(256)) * 4, b"\xff\xfe\x00garbage", b"<html>not json</html>", b""],

@@ -272,7 +272,9 @@ def _http_call(
             raise TimeoutError
         return response.status, response.getheader("Retry-After"), bytes(payload)
     except (OSError, http.client.HTTPException) as exc:
-        if expired.is_set():
+        # The socket's own timeout equals the deadline, so it can fire a hair before the timer:
+        # either way the whole exchange has run out of its time.
+        if expired.is_set() or isinstance(exc, TimeoutError):
             raise TimeoutError(f"no complete answer within {timeout_s:g} s") from None
         raise exc
     finally:
