@@ -131,7 +131,7 @@ def test_restarting_a_finished_run_changes_nothing(reference_run, config_for):
 
 
 def test_sigkill_then_restart_resumes_and_matches_uninterrupted_run(
-    reference_run, config_for, tmp_path
+    reference_run, config_for, tmp_path, capfd
 ):
     from workloads.merge import lora_restore
     from workloads.train import checkpoints as checkpoints_lib
@@ -162,9 +162,12 @@ def test_sigkill_then_restart_resumes_and_matches_uninterrupted_run(
     ).read_text()
     assert not (tmp_path / "run" / "train_summary.json").exists()
 
+    capfd.readouterr()
     resumed = trainer.train(cfg, log=lambda line: None)
     assert resumed.resumed_from == SAVE_EVERY and resumed.final_step == STEPS
     assert not resumed.interrupted
+    # The restart read the killed run's tokenized, packed data back instead of preparing it.
+    assert "not tokenized again" in capfd.readouterr().out
 
     ours = lora_restore.restore_lora_params(str(checkpoints), STEPS)
     reference = lora_restore.restore_lora_params(reference_run.checkpoint_dir, STEPS)

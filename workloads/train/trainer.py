@@ -112,7 +112,7 @@ def load_data(cfg: runconfig.RunConfig, model_dir: str) -> stream_lib.PreparedDa
     """Reads, renders and packs the dataset with the base model's tokenizer (workloads.data)."""
     import jax
 
-    from workloads.data import pipeline
+    from workloads.data import prepared_cache
 
     try:
         import transformers
@@ -121,9 +121,13 @@ def load_data(cfg: runconfig.RunConfig, model_dir: str) -> stream_lib.PreparedDa
             "training needs `transformers` for the model's tokenizer and chat "
             "template: pip install 'gemma4-tpu[workloads]'"
         ) from None
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    return pipeline.prepare(
-        cfg, tokenizer, host_index=jax.process_index(), host_count=jax.process_count()
+    return prepared_cache.prepare_cached(
+        cfg,
+        model_dir,
+        lambda: transformers.AutoTokenizer.from_pretrained(model_dir),
+        host_index=jax.process_index(),
+        host_count=jax.process_count(),
+        write=jax.process_index() == 0,
     )
 
 

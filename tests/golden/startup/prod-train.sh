@@ -567,6 +567,7 @@ readonly HF_SECRET=gemma4-prod-hf-token
 readonly DOWNLOAD_FROM_HUB=true
 # Files the hub download fetches at once (a Gemma 4 31B checkpoint is a dozen shards).
 readonly HF_MAX_WORKERS=16
+readonly HUB_VENV="$VENV_DIR-hub"
 
 # Worker 0 downloads the model from the hub into $STAGE_DIR; the copy into the bucket runs after
 # ready (upload_model_to_bucket), since training reads the local copy. The token is read from
@@ -575,17 +576,35 @@ readonly HF_MAX_WORKERS=16
 # requests and memory for them) and every shard at once (--max-workers).
 download_model_from_hub() {
   local token
+  ensure_hub_client
   log "downloading $HF_REPO from the hub into $STAGE_DIR"
   mkdir -p "$STAGE_DIR"
   token=$(gcloud secrets versions access latest --secret="$HF_SECRET" --project="$PROJECT")
   (
     export HF_TOKEN="$token" HF_XET_HIGH_PERFORMANCE=1
-    retry 3 "$VENV_DIR/bin/hf" download "$HF_REPO" --local-dir "$STAGE_DIR" \
+    retry 3 "$HUB_VENV/bin/hf" download "$HF_REPO" --local-dir "$STAGE_DIR" \
       --max-workers "$HF_MAX_WORKERS"
   )
   token=""
   touch "$STAGE_DIR.staged"
   STAGE_NOTE="from the hub ($HF_REPO)"
+}
+
+# The hub client in a small venv of its own, pinned by the same lock (seconds to install): the
+# download runs while the main venv installs (minutes), and a main venv restored from the
+# archive can replace $VENV_DIR without touching a running download.
+ensure_hub_client() {
+  local stamp="$HUB_VENV/.gemma4-requirements"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$REQUIREMENTS_DIGEST" ] && [ -x "$HUB_VENV/bin/hf" ]; then
+    return 0
+  fi
+  rm -rf "$HUB_VENV"
+  "$PYTHON" -m venv "$HUB_VENV"
+  printf '%s\n' "${CONSTRAINTS[@]}" >"$HUB_VENV/gemma4-constraints.txt"
+  retry 3 "$HUB_VENV/bin/python" -m pip install -q -c "$HUB_VENV/gemma4-constraints.txt" \
+    huggingface-hub hf-xet
+  printf '%s\n' "$REQUIREMENTS_DIGEST" >"$stamp"
+  log "hub client installed in $HUB_VENV"
 }
 
 # The hub download's copy into the bucket, after ready (training does not wait for it): the
@@ -670,15 +689,27 @@ uploads() {
   stage venv_upload upload_venv_archive
 }
 
+# The weights and the venv stages run side by side (on a new VM each takes minutes; neither
+# needs the other): the weights in a background subshell, which records its own stage and whose
+# failure fails the boot before ready.
 boot() {
-  local worker
+  local worker weights_job
   begin
   worker=$(worker_number)
   log "worker $worker of $HOSTS"
-  stage venv ensure_python_and_venv
-  write_env "GEMMA4_WORKER=$worker" "GEMMA4_ZONE=$(instance_zone)"
+  stage python ensure_python
   ensure_shm
-  stage weights ensure_base_model "$worker"
+  (
+    trap 'stage_end false "the startup script stopped here"' EXIT
+    stage weights ensure_base_model "$worker"
+  ) &
+  weights_job=$!
+  stage venv ensure_venv
+  write_env "GEMMA4_WORKER=$worker" "GEMMA4_ZONE=$(instance_zone)"
+  if ! wait "$weights_job"; then
+    log "ERROR: the weights stage failed (above); not ready"
+    return 1
+  fi
   finish
   start_uploads "$worker"
 }

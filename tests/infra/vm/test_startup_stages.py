@@ -65,6 +65,7 @@ esac
 """
 # `hf download REPO --local-dir DIR ...`: two shards and a config, and what it was asked.
 FAKE_HF = r"""#!/bin/bash
+if [ -n "${FAKE_HF_SECONDS:-}" ]; then /bin/sleep "$FAKE_HF_SECONDS"; fi
 printf '%s HF_XET_HIGH_PERFORMANCE=%s\n' "$*" "${HF_XET_HIGH_PERFORMANCE:-}" >>"$FAKE_GCS/hf-calls"
 dir=$(printf '%s\n' "$@" | sed -n '/^--local-dir$/{n;p}')
 mkdir -p "$dir/.cache"
@@ -80,10 +81,15 @@ while [[ "$1" == --* ]]; do shift; done
 """
 FAKE_SYSTEMCTL = "#!/bin/bash\nexit 3\n"  # is-active: inactive
 # `python3.11 -m venv DIR` makes a venv whose python records pip calls (a fresh install).
+# Installing huggingface_hub puts the fake `hf` into that venv.
 FAKE_PYTHON = r"""#!/bin/bash
 if [ "$1 $2" = "-m venv" ]; then
   mkdir -p "$3/bin"
-  printf '#!/bin/bash\nprintf "%%s\\n" "$*" >>"$FAKE_GCS/pip-calls"\n' >"$3/bin/python"
+  cat >"$3/bin/python" <<'PY'
+#!/bin/bash
+printf '%s\n' "$*" >>"$FAKE_GCS/pip-calls"
+case "$*" in *huggingface-hub*) cp "$FAKE_GCS/../bin/hf" "$(dirname "$0")/hf" ;; esac
+PY
   chmod +x "$3/bin/python"
   exit 0
 fi
@@ -118,6 +124,7 @@ class VM:
         self.root = root
         self.stage = root / "shm" / "models" / "base"
         self.venv = root / "opt" / "venv"
+        self.hub_venv = root / "opt" / "venv-hub"
         self.state = root / "state"
         self.state.mkdir()
         (root / "shm").mkdir()
@@ -150,12 +157,6 @@ class VM:
         )
         return _run(self.root, self.script, exports + call)
 
-    def with_hf(self) -> None:
-        """The venv's `hf` (the hub client the venv installs)."""
-        (self.venv / "bin").mkdir(parents=True, exist_ok=True)
-        (self.venv / "bin" / "hf").write_text(FAKE_HF)
-        (self.venv / "bin" / "hf").chmod(0o755)
-
     def bucket(self, *parts: str) -> pathlib.Path:
         return self.root.joinpath("gcs", "bucket", *parts)
 
@@ -169,7 +170,7 @@ class VM:
 
     def new_vm(self) -> None:
         """The VM is replaced: a new disk and RAM, the same bucket."""
-        for path in (self.stage, self.venv):
+        for path in (self.stage, self.venv, self.hub_venv):
             subprocess.run(["rm", "-rf", str(path)], check=True)
         pathlib.Path(f"{self.stage}.staged").unlink(missing_ok=True)
         (self.state / "stages.jsonl").unlink(missing_ok=True)
@@ -201,7 +202,6 @@ def test_stages_are_json_lines_workloads_stages_reads_and_a_stopped_stage_is_not
 
 def test_the_hub_download_is_fast_and_its_upload_runs_after_ready_marker_last(vm):
     _fresh_venv(vm)
-    vm.with_hf()
     rc, output = vm.run("stage weights ensure_base_model 0")
     assert rc == 0, output
     (hf_call,) = vm.calls("hf-calls")
@@ -242,9 +242,65 @@ def test_the_hub_download_is_fast_and_its_upload_runs_after_ready_marker_last(vm
     assert vm.rows()["weights"]["note"] == "from gs://bucket/models/gemma-4-31b"
 
 
+def test_the_hub_client_is_pinned_in_its_own_venv_and_kept_across_boots(vm):
+    rc, output = vm.run("stage weights ensure_base_model 0")
+    assert rc == 0, output
+    (install,) = [c for c in vm.calls("pip-calls") if "install" in c]
+    constraints = vm.hub_venv / "gemma4-constraints.txt"
+    assert install == f"-m pip install -q -c {constraints} huggingface-hub hf-xet"
+    pins = constraints.read_text().splitlines()
+    assert "huggingface-hub==1.33.0" in pins and "hf-xet==1.8.0" in pins  # the lock's pins
+    assert not vm.venv.exists()  # the main venv is not needed for the download
+    pathlib.Path(f"{vm.stage}.staged").unlink()  # the next boot downloads again ...
+    rc, output = vm.run("stage weights ensure_base_model 0")
+    assert rc == 0, output
+    assert len(vm.calls("hf-calls")) == 2
+    assert len([c for c in vm.calls("pip-calls") if "install" in c]) == 1  # ... with the client
+
+
+# `boot` with what needs a real VM replaced: no console tee or lock, worker 0, a venv stage that
+# takes a second; the hub download takes a second too (FAKE_HF_SECONDS).
+BOOT_ON_A_FAKE_VM = (
+    'begin() { rm -f "$READY_MARKER"; trap \'stage_end false "stopped"\' EXIT; }; '
+    "worker_number() { echo 0; }; instance_zone() { echo us-east5-a; }; ensure_shm() { :; }; "
+    "ensure_python() { :; }; ensure_venv() { /bin/sleep 1; STAGE_NOTE=installed; }; "
+    "write_env() { :; }; start_uploads() { :; }; "
+)
+
+
+def test_the_weights_download_runs_beside_the_venv_install(vm):
+    rc, output = vm.run(f"export FAKE_HF_SECONDS=1; {BOOT_ON_A_FAKE_VM} boot")
+    assert rc == 0, output
+    rows = vm.rows()
+    weights, venv = rows["weights"], rows["venv"]
+    assert weights["state"] == venv["state"] == "done"
+    assert weights["note"] == "from the hub (google/gemma-4-31B-it)"
+    # Side by side: each started before the other ended.
+    weights_end = weights["start"] + weights["seconds"]
+    venv_end = venv["start"] + venv["seconds"]
+    assert weights["start"] < venv_end and venv["start"] < weights_end, rows
+    assert (vm.state / "ready").exists()
+
+
+def test_a_failed_weights_stage_fails_the_boot_before_ready(vm):
+    vm.bucket("models", "gemma-4-31b").mkdir(parents=True)
+    vm.bucket("models", "gemma-4-31b", "config.json").write_text("{}")
+    vm.bucket("models", "gemma-4-31b.complete").write_text("x\n")
+    (vm.root / "gcs" / "fail-rsync").touch()  # the bucket's copy cannot be read
+    rc, output = vm.run(f"{BOOT_ON_A_FAKE_VM} boot")
+    assert rc != 0, output
+    assert "the weights stage failed" in output
+    assert not (vm.state / "ready").exists()
+    rows = vm.rows()
+    assert rows["venv"]["state"] == "done"
+    assert (rows["weights"]["state"], rows["weights"]["note"]) == (
+        "failed",
+        "the startup script stopped here",
+    )
+
+
 def test_an_upload_cut_short_leaves_no_marker_and_the_next_vm_downloads_again(vm):
     _fresh_venv(vm)
-    vm.with_hf()
     rc, output = vm.run("stage weights ensure_base_model 0")
     assert rc == 0, output
     (vm.root / "gcs" / "fail-rsync").touch()
@@ -259,7 +315,6 @@ def test_an_upload_cut_short_leaves_no_marker_and_the_next_vm_downloads_again(vm
     (vm.root / "gcs" / "fail-rsync").unlink()
     vm.new_vm()
     _fresh_venv(vm)
-    vm.with_hf()
     rc, output = vm.run("stage weights ensure_base_model 0")
     assert rc == 0, output
     assert len(vm.calls("hf-calls")) == 2
