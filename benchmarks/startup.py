@@ -3,6 +3,8 @@ a cold and a warm estimate (bands) for the rest from stated public figures and a
 
 Measured on this machine (each in its own process where JAX is involved):
 
+- install: the training VM's whole pinned set into a fresh venv from an empty cache, by pip and
+  by uv (what the startup scripts run), and the hub client alone (its own small venv);
 - venv: restoring a subset of the pinned environment (jax, jaxlib, numpy, ml_dtypes: the
   bulk of the TPU stack's bytes besides libtpu) from a zstd tar archive, against a fresh
   `pip install --no-deps` of the same pinned versions into a new venv (from pip's local cache
@@ -13,7 +15,10 @@ Measured on this machine (each in its own process where JAX is involved):
   workloads.parallel_load with one worker and with its default pool;
 - compile beside loading: the tiny 6-layer model's training step on 4 CPU devices, compiled
   after loading (serial) and in the background while loading (workloads.train.compile_ahead),
-  each into a fresh persistent cache.
+  each into a fresh persistent cache;
+- data: 10,000 synthetic CodeV-R1-style rows rendered, tokenized (the tiny test tokenizer) and
+  packed, against the same data read back from the run directory's prepared_data.npz
+  (workloads.data.prepared_cache), which is what a restarted trainer does.
 
 Usage: python benchmarks/startup.py [--devices 4] [--load-mb 400] [--skip-venv] [--skip-compile]
            [--json FILE] [--from-json FILE]
@@ -72,6 +77,9 @@ PUBLIC = {
     "cached_step_s": ((30, 90), "assumption: trace + lower 60 layers and read the cache: 30-90 s"),
 }
 MODEL_GB = 62.5  # bf16 weights of Gemma 4 31B
+# Real tokens of the paper's epoch (763 real tokens/s for 3.34 h): the size of the prepared data
+# a restart reads back, to scale the read-back rate measured here.
+EPOCH_REAL_TOKENS = 763 * 3.34 * 3600
 VM_VENV_GB = 2.7  # the pinned stack's venv on disk as installed here (torch included)
 
 
@@ -128,7 +136,34 @@ def measure_venv(scratch: pathlib.Path) -> dict:
         text=True,
     )
     install_s = time.monotonic() - started
+    # The hub client alone, as the training VM installs it into its own venv before the hub
+    # download: a venv, then uv installs huggingface-hub and hf-xet with their dependencies,
+    # pinned by the lock, from an empty cache.
+    hub = scratch / "hub"
+    uv = pathlib.Path(sys.executable).parent / "uv"
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-m", "venv", str(hub)], check=True)
+    hub_install = subprocess.run(
+        [
+            str(uv),
+            "pip",
+            "install",
+            "-q",
+            "--no-cache",
+            "--compile-bytecode",
+            "--python",
+            str(hub / "bin" / "python"),
+            "-c",
+            str(ROOT / "constraints.txt"),
+            "huggingface-hub",
+            "hf-xet",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    hub_client_s = time.monotonic() - started
     return {
+        "hub_client_s": hub_client_s if hub_install.returncode == 0 else None,
         "subset": pins,
         "subset_bytes": subset_bytes,
         "archive_bytes": archive.stat().st_size,
@@ -137,6 +172,92 @@ def measure_venv(scratch: pathlib.Path) -> dict:
         "install_s": install_s if install.returncode == 0 else None,
         "install_error": None if install.returncode == 0 else install.stderr.strip()[-300:],
     }
+
+
+def measure_data(scratch: pathlib.Path, rows: int = 10_000) -> dict:
+    """Preparing synthetic rows with the tiny tokenizer, then reading the result back."""
+    from transformers import AutoTokenizer
+
+    from workloads import runconfig
+    from workloads.data import prepared_cache, synthetic
+    from workloads.data import tokenizer as tiny_tokenizer
+
+    dataset = scratch / "codev.jsonl"
+    synthetic.write_synthetic_codev(str(dataset), rows, seed=0)
+    model_dir = scratch / "tokenizer"
+    model_dir.mkdir()
+    tiny_tokenizer.write_tokenizer_files(model_dir)
+    cfg = runconfig.parse(
+        {
+            "run_name": "startup-bench",
+            "model": {"base": str(model_dir)},
+            "data": {"dataset": str(dataset), "max_seq_len": 3072},
+            "train": {"output_dir": str(scratch / "run"), "micro_batch": 4},
+        }
+    )
+    seconds = []
+    for _ in range(2):  # the first prepares and keeps it, the second reads it back
+        started = time.monotonic()
+        prepared = prepared_cache.prepare_cached(
+            cfg,
+            str(model_dir),
+            lambda: AutoTokenizer.from_pretrained(str(model_dir)),
+            host_index=0,
+            host_count=1,
+            write=True,
+            log=None,
+        )
+        seconds.append(time.monotonic() - started)
+    return {
+        "rows": rows,
+        "dataset_bytes": dataset.stat().st_size,
+        "real_tokens": prepared.stats.real_tokens,
+        "file_bytes": pathlib.Path(prepared_cache.path_for(str(scratch / "run"))).stat().st_size,
+        "prepare_s": seconds[0],
+        "read_back_s": seconds[1],
+    }
+
+
+def measure_install(scratch: pathlib.Path) -> dict:
+    """The training VM's whole pinned set (its requirements, the lock as constraints, then the
+    no-deps packages) installed into fresh venvs from an empty cache: pip as before, uv as the
+    startup script now does (both compile bytecode). The --find-links line for libtpu's own index
+    is left out (not reachable from every machine; libtpu installs from PyPI)."""
+    from infra.vm import startup as vm_startup
+
+    uv = pathlib.Path(sys.executable).parent / "uv"
+    if not uv.exists():
+        return {"error": f"no uv at {uv} (bash .ci/setup installs it)"}
+    requirements = scratch / "requirements.txt"
+    requirements.write_text(
+        "\n".join(r for r in vm_startup.train_requirements() if not r.startswith("--"))
+    )
+    constraints = scratch / "constraints.txt"
+    constraints.write_text("\n".join(vm_startup.lock()))
+    no_deps = list(vm_startup.train_no_deps())
+    out: dict = {}
+    for tool in ("pip", "uv"):
+        venv = scratch / f"install-{tool}"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        target = str(venv / "bin" / "python")
+        if tool == "pip":
+            base = [sys.executable, "-m", "pip", "--python", target, "install", "-q"]
+            base += ["--no-cache-dir", "--disable-pip-version-check"]
+        else:
+            base = [str(uv), "pip", "install", "-q", "--no-cache", "--compile-bytecode"]
+            base += ["--python", target]
+        started = time.monotonic()
+        for args in (["-r", str(requirements)], ["--no-deps", *no_deps]):
+            done = subprocess.run(
+                [*base, "-c", str(constraints), *args], capture_output=True, text=True
+            )
+            if done.returncode:
+                return {"error": f"{tool}: {done.stderr.strip()[-300:]}"}
+        out[f"{tool}_s"] = time.monotonic() - started
+        site = next((venv / "lib").glob("python*/site-packages"))
+        out[f"{tool}_dists"] = len(list(site.glob("*.dist-info")))
+        out[f"{tool}_bytes"] = _du(venv)
+    return out
 
 
 def measure_staging(scratch: pathlib.Path) -> dict:
@@ -302,17 +423,47 @@ def estimate(measured: dict) -> list[tuple[str, str, list[tuple[str, float, floa
     compile_band = p["compile_31b_s"]
     # Compile-ahead: the step compiles beside loading, so the later of the two ends the wait.
     critical = (max(compile_band[0], load_band[0]), max(compile_band[1], load_band[1]))
+    hub_client = (venv or {}).get("hub_client_s")
+    if hub_client:
+        client, client_src = (
+            (hub_client, 3 * hub_client),
+            (f"measured: the hub client's venv in {hub_client:.0f} s here (high: 3x)"),
+        )
+    else:
+        client, client_src = (10.0, 60.0), "assumption: the hub client's venv in 10-60 s"
+    install = measured.get("install") or {}
+    if install.get("uv_s"):
+        ratio = install["uv_s"] / install["pip_s"]
+        fresh_install = (install["uv_s"], 300.0 * ratio)
+        fresh_src = (
+            f"measured: uv installs the whole pinned set in {install['uv_s']:.0f} s here (pip "
+            f"{install['pip_s']:.0f} s); high: the paper's 5 min install x uv/pip {ratio:.2f}"
+        )
+    else:
+        fresh_install = (150.0, 300.0)
+        fresh_src = "assumption: a pip install of the stack 2.5-5 min (uv not measured)"
+    data = measured.get("data") or {}
+    if data.get("read_back_s"):
+        rate = data["real_tokens"] / data["read_back_s"]
+        read_back = (EPOCH_REAL_TOKENS / rate, 4 * EPOCH_REAL_TOKENS / rate)
+        read_back_src = (
+            f"measured: prepared data read back at {rate / 1e6:.0f} M tokens/s here x the "
+            f"paper's {EPOCH_REAL_TOKENS / 1e6:.1f} M real tokens (high: 4x)"
+        )
+    else:
+        read_back, read_back_src = (1.0, 10.0), "assumption: prepared data read back in 1-10 s"
+    # Side by side (the startup script's weights stage runs beside its venv stage): the later
+    # of the two, band end by band end.
     cold = [
         ("VM create to boot", *p["vm_create_s"], src["vm_create_s"]),
         ("python 3.11", *p["python_s"], src["python_s"]),
         (
-            "venv: fresh pip install",
-            150.0,
-            300.0,
-            "measured: the whole pinned stack installs in ~2.5 min on this machine; high 5 min "
-            "(the paper's install)",
+            "venv (uv) || hub client + weights",
+            max(fresh_install[0], client[0] + hub[0]),
+            max(fresh_install[1], client[1] + hub[1]),
+            f"the later of the venv ({fresh_src}) and the hub client ({client_src}) + the "
+            f"download of {MODEL_GB} GB ({src['hub_gbps']})",
         ),
-        ("weights: hub download 62.5 GB", *hub, src["hub_gbps"]),
         ("data: tokenize + pack", *p["data_s"], src["data_s"]),
         ("trainer process start", *p["process_s"], src["process_s"]),
         (
@@ -325,14 +476,13 @@ def estimate(measured: dict) -> list[tuple[str, str, list[tuple[str, float, floa
         ("VM create to boot", *p["vm_create_s"], src["vm_create_s"]),
         ("python 3.11", *p["python_s"], src["python_s"]),
         (
-            "venv: archive from the bucket",
-            restore[0] + archive_read[0],
-            restore[1] + archive_read[1],
-            restore_src,
+            "venv archive || weights GCS copy",
+            max(restore[0] + archive_read[0], gcs[0]),
+            max(restore[1] + archive_read[1], gcs[1]),
+            f"the later of the venv ({restore_src}) and {MODEL_GB} GB from GCS ({src['gcs_gbps']})",
         ),
-        ("weights: GCS copy 62.5 GB", *gcs, src["gcs_gbps"]),
         ("trainer process start", *p["process_s"], src["process_s"]),
-        ("data: tokenize + pack", *p["data_s"], src["data_s"]),
+        ("data: read back", *read_back, read_back_src + " + its GCS read"),
         (
             "load || cached step",
             max(load_band[0], p["cached_step_s"][0]),
@@ -342,7 +492,7 @@ def estimate(measured: dict) -> list[tuple[str, str, list[tuple[str, float, floa
     ]
     warm_process = [
         ("trainer process start", *p["process_s"], src["process_s"]),
-        ("data: tokenize + pack", *p["data_s"], src["data_s"]),
+        ("data: read back", *read_back, read_back_src),
         (
             "load || cached step",
             max(load_band[0], p["cached_step_s"][0]),
@@ -382,6 +532,30 @@ def report(measured: dict) -> str:
             )
         else:
             lines.append(f"  fresh install failed here: {venv['install_error']}")
+    if venv and venv.get("hub_client_s"):
+        lines.append(
+            f"  the hub client (huggingface-hub, hf-xet and their dependencies, pinned) into a "
+            f"fresh venv by uv: {venv['hub_client_s']:.1f} s"
+        )
+    install = measured.get("install")
+    if install and install.get("uv_s"):
+        lines.append(
+            f"training VM's whole pinned set ({install['uv_dists']} distributions, "
+            f"{install['uv_bytes'] / GB:.2f} GB), fresh venv, empty cache: pip "
+            f"{install['pip_s']:.1f} s, uv {install['uv_s']:.1f} s "
+            f"({install['pip_s'] / install['uv_s']:.1f}x; both compile bytecode)"
+        )
+    elif install:
+        lines.append(f"whole pinned set: not measured ({install['error']})")
+    data = measured.get("data")
+    if data:
+        lines.append(
+            f"data: {data['rows']:,} synthetic rows ({data['dataset_bytes'] / 1e6:.1f} MB, "
+            f"{data['real_tokens'] / 1e6:.2f} M real tokens, tiny tokenizer): prepared in "
+            f"{data['prepare_s']:.1f} s, read back from prepared_data.npz "
+            f"({data['file_bytes'] / 1e6:.1f} MB) in {data['read_back_s']:.2f} s "
+            f"({data['prepare_s'] / data['read_back_s']:.0f}x)"
+        )
     stage = measured.get("staging")
     if stage:
         lines.append(
@@ -444,6 +618,11 @@ def main() -> int:
         elif not args.skip_venv:
             (scratch / "venv").mkdir()
             measured["venv"] = measure_venv(scratch / "venv")
+        if not args.skip_venv:
+            (scratch / "install").mkdir()
+            measured["install"] = measure_install(scratch / "install")
+        (scratch / "data").mkdir()
+        measured["data"] = measure_data(scratch / "data")
         (scratch / "stage").mkdir()
         measured["staging"] = measure_staging(scratch / "stage")
         (scratch / "load").mkdir()

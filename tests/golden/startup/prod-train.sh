@@ -15,10 +15,13 @@ readonly LOG_FILE=/var/log/gemma4-startup.log
 readonly STAGES_FILE=/var/lib/gemma4/stages.jsonl
 # This script, kept on the VM so the jobs after ready can run it as their own systemd unit.
 readonly SCRIPT_COPY=/var/lib/gemma4/startup.sh
-readonly REQUIREMENTS_DIGEST=4fba19287604301e
+readonly REQUIREMENTS_DIGEST=237b7024300fd0c2
 # gs://.../venv-<digest>.tar.gz: this venv packed by the first VM, restored by the others ('':
 # none). Its .sha256 next to it is written last and checked before anything is unpacked.
-readonly VENV_ARCHIVE_URI=gs://your-gcp-project-gemma4-prod-us-central1/venv/train-4fba19287604301e.tar.gz
+readonly VENV_ARCHIVE_URI=gs://your-gcp-project-gemma4-prod-us-central1/venv/train-237b7024300fd0c2.tar.gz
+# uv (pinned by the lock) installs the venvs; it lives in a small venv of its own.
+readonly UV_REQUIREMENT=uv==0.13.8
+readonly UV_VENV="$VENV_DIR-uv"
 readonly -a REQUIREMENTS=(
   '--find-links https://storage.googleapis.com/jax-releases/libtpu_releases.html'
   'jax[tpu]==0.10.2'
@@ -223,6 +226,7 @@ readonly -a CONSTRAINTS=(
   typing-inspection==0.4.5
   tzdata==2026.6
   urllib3==2.8.0
+  uv==0.13.8
   uvloop==0.23.0
   wadler-lindig==0.1.8
   wrapt==2.5.2
@@ -398,16 +402,43 @@ ensure_python() {
   apt_install python3.11 python3.11-venv python3.11-dev
 }
 
-# Stage `venv`: Python 3.11 and the pinned venv (on a new VM both take minutes; the archive
-# saves the pip part).
-ensure_python_and_venv() {
+# uv, the installer, in $UV_VENV: installed with the venv's own pip (one wheel, seconds) and
+# kept while its version is the pinned one.
+ensure_uv() {
+  if [ -x "$UV_VENV/bin/uv" ] &&
+    [ "uv==$("$UV_VENV/bin/uv" --version 2>/dev/null | cut -d' ' -f2)" = "$UV_REQUIREMENT" ]; then
+    return 0
+  fi
+  rm -rf "$UV_VENV"
+  "$PYTHON" -m venv "$UV_VENV"
+  retry 3 "$UV_VENV/bin/python" -m pip install -q --disable-pip-version-check "$UV_REQUIREMENT"
+}
+
+# Stage `python`: Python 3.11 and the installer.
+ensure_python_and_uv() {
   ensure_python
+  ensure_uv
+}
+
+# Python 3.11, the installer and the pinned venv (on a new VM they take minutes; the archive
+# saves the install).
+ensure_python_and_venv() {
+  ensure_python_and_uv
   ensure_venv
+}
+
+# uv_install VENV ARGS...: `uv pip install` into VENV's Python: no cache left on the boot disk,
+# bytecode compiled at install as pip does, never a Python of uv's own.
+uv_install() {
+  local venv=$1
+  shift
+  retry 3 env UV_PYTHON_DOWNLOADS=never "$UV_VENV/bin/uv" pip install -q --no-cache \
+    --compile-bytecode --python "$venv/bin/python" "$@"
 }
 
 # The venv with the pinned stack, in the cheapest way that gives exactly the pins: kept when its
 # stamp says it has them, else restored from the bucket's archive for this digest, else
-# installed by pip (the archive is then packed and uploaded after ready, upload_venv_archive).
+# installed by uv (the archive is then packed and uploaded after ready, upload_venv_archive).
 ensure_venv() {
   local stamp="$VENV_DIR/.gemma4-requirements"
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$REQUIREMENTS_DIGEST" ]; then
@@ -420,7 +451,7 @@ ensure_venv() {
     return 0
   fi
   install_venv
-  STAGE_NOTE="installed by pip"
+  STAGE_NOTE="installed by uv"
 }
 
 install_venv() {
@@ -431,10 +462,9 @@ install_venv() {
   fi
   printf '%s\n' "${REQUIREMENTS[@]}" >"$requirements"
   printf '%s\n' "${CONSTRAINTS[@]}" >"$constraints"
-  retry 3 "$VENV_DIR/bin/python" -m pip install -q --upgrade pip
-  retry 3 "$VENV_DIR/bin/python" -m pip install -q -r "$requirements" -c "$constraints"
+  uv_install "$VENV_DIR" -r "$requirements" -c "$constraints"
   if [ "${#NO_DEPS[@]}" -gt 0 ]; then
-    retry 3 "$VENV_DIR/bin/python" -m pip install -q --no-deps -c "$constraints" "${NO_DEPS[@]}"
+    uv_install "$VENV_DIR" --no-deps -c "$constraints" "${NO_DEPS[@]}"
   fi
   printf '%s\n' "$REQUIREMENTS_DIGEST" >"$stamp"
   log "venv $VENV_DIR installed"
@@ -442,34 +472,34 @@ install_venv() {
 
 # restore_venv: the archive for this digest, used only when its SHA-256 is the one in the
 # .sha256 object (uploaded last, so a partial upload has none) and the unpacked venv's stamp is
-# this digest and its Python starts. Anything else: 1, nothing of it kept, and pip installs.
+# this digest and its Python starts. Anything else: 1, nothing of it kept, and uv installs.
 # The venv is unpacked next to $VENV_DIR (same filesystem) and swapped in with renames; its
 # scripts name $VENV_DIR in their #! lines, which is where it was packed.
 restore_venv() {
   local tmp unpack="$VENV_DIR.restore" expected actual
   if [ -z "$VENV_ARCHIVE_URI" ] || ! gcs_exists "$VENV_ARCHIVE_URI.sha256"; then
-    log "no venv archive for $REQUIREMENTS_DIGEST in the bucket: installing with pip"
+    log "no venv archive for $REQUIREMENTS_DIGEST in the bucket: installing with uv"
     return 1
   fi
   tmp=$(mktemp -d "$TMPDIR/gemma4-venv.XXXXXX")
   rm -rf "$unpack"
   if ! gcloud storage cp --quiet "$VENV_ARCHIVE_URI.sha256" "$tmp/venv.tar.gz.sha256" ||
     ! gcloud storage cp --quiet "$VENV_ARCHIVE_URI" "$tmp/venv.tar.gz"; then
-    log "could not download $VENV_ARCHIVE_URI: installing with pip"
+    log "could not download $VENV_ARCHIVE_URI: installing with uv"
     rm -rf "$tmp"
     return 1
   fi
   expected=$(cut -d' ' -f1 "$tmp/venv.tar.gz.sha256")
   actual=$(sha256sum "$tmp/venv.tar.gz" | cut -d' ' -f1)
   if [ "$expected" != "$actual" ]; then
-    log "$VENV_ARCHIVE_URI: SHA-256 $actual is not the recorded $expected (corrupt or partial): installing with pip"
+    log "$VENV_ARCHIVE_URI: SHA-256 $actual is not the recorded $expected (corrupt or partial): installing with uv"
     rm -rf "$tmp"
     return 1
   fi
   mkdir -p "$unpack"
   if ! tar -xzf "$tmp/venv.tar.gz" -C "$unpack" ||
     [ "$(cat "$unpack/venv/.gemma4-requirements" 2>/dev/null)" != "$REQUIREMENTS_DIGEST" ]; then
-    log "$VENV_ARCHIVE_URI: not a venv for $REQUIREMENTS_DIGEST: installing with pip"
+    log "$VENV_ARCHIVE_URI: not a venv for $REQUIREMENTS_DIGEST: installing with uv"
     rm -rf "$tmp" "$unpack"
     return 1
   fi
@@ -478,7 +508,7 @@ restore_venv() {
   mv "$unpack/venv" "$VENV_DIR"
   rm -rf "$unpack" "$VENV_DIR.old"
   if ! "$VENV_DIR/bin/python" -c 'import sys' 2>/dev/null; then
-    log "the venv restored from $VENV_ARCHIVE_URI does not start: installing with pip"
+    log "the venv restored from $VENV_ARCHIVE_URI does not start: installing with uv"
     rm -rf "$VENV_DIR"
     return 1
   fi
@@ -601,8 +631,7 @@ ensure_hub_client() {
   rm -rf "$HUB_VENV"
   "$PYTHON" -m venv "$HUB_VENV"
   printf '%s\n' "${CONSTRAINTS[@]}" >"$HUB_VENV/gemma4-constraints.txt"
-  retry 3 "$HUB_VENV/bin/python" -m pip install -q -c "$HUB_VENV/gemma4-constraints.txt" \
-    huggingface-hub hf-xet
+  uv_install "$HUB_VENV" -c "$HUB_VENV/gemma4-constraints.txt" huggingface-hub hf-xet
   printf '%s\n' "$REQUIREMENTS_DIGEST" >"$stamp"
   log "hub client installed in $HUB_VENV"
 }
@@ -697,7 +726,7 @@ boot() {
   begin
   worker=$(worker_number)
   log "worker $worker of $HOSTS"
-  stage python ensure_python
+  stage python ensure_python_and_uv
   ensure_shm
   (
     trap 'stage_end false "the startup script stopped here"' EXIT

@@ -7,7 +7,8 @@ of `gcloud`, `hf`, `systemd-run`, `systemctl` and Python 3.11 on PATH.
   upload: the upload runs after ready as its own unit, its marker written last; an upload cut
   short leaves no marker, so the next VM downloads again instead of using a partial copy;
 - the venv comes from the bucket's archive for the lock's digest when its SHA-256 matches; a
-  corrupt, partial or foreign archive falls back to pip; the first VM uploads it after ready.
+  corrupt, partial or foreign archive falls back to a fresh install by uv; the first VM uploads
+  it after ready.
 """
 
 from __future__ import annotations
@@ -81,20 +82,29 @@ while [[ "$1" == --* ]]; do shift; done
 """
 FAKE_SYSTEMCTL = "#!/bin/bash\nexit 3\n"  # is-active: inactive
 # `python3.11 -m venv DIR` makes a venv whose python records pip calls (a fresh install).
-# Installing huggingface_hub puts the fake `hf` into that venv.
+# pip installing uv puts the fake `uv` into that venv.
 FAKE_PYTHON = r"""#!/bin/bash
 if [ "$1 $2" = "-m venv" ]; then
   mkdir -p "$3/bin"
   cat >"$3/bin/python" <<'PY'
 #!/bin/bash
 printf '%s\n' "$*" >>"$FAKE_GCS/pip-calls"
-case "$*" in *huggingface-hub*) cp "$FAKE_GCS/../bin/hf" "$(dirname "$0")/hf" ;; esac
+case "$*" in *" uv=="*) cp "$FAKE_GCS/../bin/fake-uv" "$(dirname "$0")/uv" ;; esac
 PY
   chmod +x "$3/bin/python"
   exit 0
 fi
 exec /usr/bin/python3 "$@"
 """
+# `uv pip install ... --python VENV/bin/python ...`: records the call; installing huggingface-hub
+# puts the fake `hf` into VENV.
+FAKE_UV = r"""#!/bin/bash
+if [ "$1" = --version ]; then echo "uv @VERSION@"; exit 0; fi
+printf '%s UV_PYTHON_DOWNLOADS=%s\n' "$*" "${UV_PYTHON_DOWNLOADS:-}" >>"$FAKE_GCS/uv-calls"
+python=$(printf '%s\n' "$@" | sed -n '/^--python$/{n;p}')
+case "$*" in *huggingface-hub*) cp "$FAKE_GCS/../bin/hf" "$(dirname "$python")/hf" ;; esac
+"""
+UV_VERSION = startup.pinned("uv").split("==")[1]
 
 
 @pytest.fixture
@@ -108,6 +118,7 @@ def vm(tmp_path: pathlib.Path):
         "systemd-run": FAKE_SYSTEMD_RUN,
         "systemctl": FAKE_SYSTEMCTL,
         "python3.11": FAKE_PYTHON,
+        "fake-uv": FAKE_UV.replace("@VERSION@", UV_VERSION),
         "sleep": "#!/bin/sh\n",  # retry's backoff
     }
     for name, text in fakes.items():
@@ -202,7 +213,7 @@ def test_stages_are_json_lines_workloads_stages_reads_and_a_stopped_stage_is_not
 
 def test_the_hub_download_is_fast_and_its_upload_runs_after_ready_marker_last(vm):
     _fresh_venv(vm)
-    rc, output = vm.run("stage weights ensure_base_model 0")
+    rc, output = vm.run("ensure_uv; stage weights ensure_base_model 0")
     assert rc == 0, output
     (hf_call,) = vm.calls("hf-calls")
     assert f"--local-dir {vm.stage} --max-workers 16" in hf_call
@@ -235,7 +246,7 @@ def test_the_hub_download_is_fast_and_its_upload_runs_after_ready_marker_last(vm
 
     # A later boot of a new VM: the bucket's copy, no hub download, no upload.
     vm.new_vm()
-    rc, output = vm.run("stage weights ensure_base_model 0; start_uploads 0")
+    rc, output = vm.run("ensure_uv; stage weights ensure_base_model 0; start_uploads 0")
     assert rc == 0, output
     assert len(vm.calls("hf-calls")) == 1
     assert (vm.stage / "model-00002-of-00002.safetensors").read_text() == "shard2\n"
@@ -243,19 +254,22 @@ def test_the_hub_download_is_fast_and_its_upload_runs_after_ready_marker_last(vm
 
 
 def test_the_hub_client_is_pinned_in_its_own_venv_and_kept_across_boots(vm):
-    rc, output = vm.run("stage weights ensure_base_model 0")
+    rc, output = vm.run("ensure_uv; stage weights ensure_base_model 0")
     assert rc == 0, output
-    (install,) = [c for c in vm.calls("pip-calls") if "install" in c]
+    (install,) = vm.calls("uv-calls")
     constraints = vm.hub_venv / "gemma4-constraints.txt"
-    assert install == f"-m pip install -q -c {constraints} huggingface-hub hf-xet"
+    assert install == (
+        f"pip install -q --no-cache --compile-bytecode --python {vm.hub_venv}/bin/python "
+        f"-c {constraints} huggingface-hub hf-xet UV_PYTHON_DOWNLOADS=never"
+    )
     pins = constraints.read_text().splitlines()
     assert "huggingface-hub==1.33.0" in pins and "hf-xet==1.8.0" in pins  # the lock's pins
     assert not vm.venv.exists()  # the main venv is not needed for the download
     pathlib.Path(f"{vm.stage}.staged").unlink()  # the next boot downloads again ...
-    rc, output = vm.run("stage weights ensure_base_model 0")
+    rc, output = vm.run("ensure_uv; stage weights ensure_base_model 0")
     assert rc == 0, output
     assert len(vm.calls("hf-calls")) == 2
-    assert len([c for c in vm.calls("pip-calls") if "install" in c]) == 1  # ... with the client
+    assert len(vm.calls("uv-calls")) == 1  # ... with the client it has
 
 
 # `boot` with what needs a real VM replaced: no console tee or lock, worker 0, a venv stage that
@@ -301,7 +315,7 @@ def test_a_failed_weights_stage_fails_the_boot_before_ready(vm):
 
 def test_an_upload_cut_short_leaves_no_marker_and_the_next_vm_downloads_again(vm):
     _fresh_venv(vm)
-    rc, output = vm.run("stage weights ensure_base_model 0")
+    rc, output = vm.run("ensure_uv; stage weights ensure_base_model 0")
     assert rc == 0, output
     (vm.root / "gcs" / "fail-rsync").touch()
     rc, output = vm.run("start_uploads 0")
@@ -315,7 +329,7 @@ def test_an_upload_cut_short_leaves_no_marker_and_the_next_vm_downloads_again(vm
     (vm.root / "gcs" / "fail-rsync").unlink()
     vm.new_vm()
     _fresh_venv(vm)
-    rc, output = vm.run("stage weights ensure_base_model 0")
+    rc, output = vm.run("ensure_uv; stage weights ensure_base_model 0")
     assert rc == 0, output
     assert len(vm.calls("hf-calls")) == 2
     assert not any(c.startswith("storage rsync gs://") for c in vm.calls())
@@ -353,7 +367,7 @@ def test_the_first_vm_uploads_its_venv_and_the_next_restores_it_verified(vm):
     assert rc == 0, output
     assert (vm.venv / "lib" / "pkg.py").read_text() == "VALUE = 1\n"
     assert (vm.venv / ".gemma4-requirements").read_text().strip() == vm.digest
-    assert vm.calls("pip-calls") == []  # no pip at all
+    assert vm.calls("pip-calls") == [] and vm.calls("uv-calls") == []  # no install at all
     assert vm.rows()["venv"]["note"] == f"restored from {vm.archive}"
     assert not pathlib.Path(f"{vm.venv}.restore").exists()
 
@@ -363,7 +377,7 @@ def test_the_first_vm_uploads_its_venv_and_the_next_restores_it_verified(vm):
 
 
 @pytest.mark.parametrize("damage", ["corrupt", "partial", "foreign", "download fails"])
-def test_a_bad_archive_falls_back_to_pip(vm, damage):
+def test_a_bad_archive_falls_back_to_a_fresh_install(vm, damage):
     _fresh_venv(vm)
     (vm.root / "gcs" / "bucket" / "models").mkdir(parents=True)
     (vm.root / "gcs" / "bucket" / "models" / "gemma-4-31b.complete").write_text("x\n")
@@ -390,11 +404,12 @@ def test_a_bad_archive_falls_back_to_pip(vm, damage):
     elif damage == "download fails":
         (vm.root / "gcs" / "fail-cp").touch()
     vm.new_vm()
-    rc, output = vm.run("stage venv ensure_venv")
+    rc, output = vm.run("ensure_uv; stage venv ensure_venv")
     assert rc == 0, output
-    assert any("install -q -r" in c for c in vm.calls("pip-calls")), output
+    fresh = f"pip install -q --no-cache --compile-bytecode --python {vm.venv}/bin/python -r"
+    assert any(c.startswith(fresh) for c in vm.calls("uv-calls")), output
     assert (vm.venv / ".gemma4-requirements").read_text().strip() == vm.digest
-    assert vm.rows()["venv"]["note"] == "installed by pip"
+    assert vm.rows()["venv"]["note"] == "installed by uv"
     assert not pathlib.Path(f"{vm.venv}.restore").exists()
     expected = {
         "corrupt": "is not the recorded",

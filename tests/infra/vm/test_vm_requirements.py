@@ -239,11 +239,12 @@ def test_the_rendered_script_installs_with_the_whole_lock():
         shipped = [line.strip() for line in block.splitlines()]
         assert shipped == list(startup.lock())
         assert len(shipped) == len(startup.pinned_versions())
-        assert '-m pip install -q -r "$requirements" -c "$constraints"' in script
+        assert 'uv_install "$VENV_DIR" -r "$requirements" -c "$constraints"' in script
+        assert f"readonly UV_REQUIREMENT={startup.pinned('uv')}" in script
     train = startup.render_train(cfg, has_hf_secret=True)
     block = train.split("readonly -a NO_DEPS=(\n", 1)[1].split("\n)\n", 1)[0]
     assert [line.strip() for line in block.splitlines()] == list(startup.train_no_deps())
     assert startup.train_no_deps() == (
         f"google-tunix=={startup.pinned_versions()['google-tunix']}",
     )
-    assert '-m pip install -q --no-deps -c "$constraints" "${NO_DEPS[@]}"' in train
+    assert 'uv_install "$VENV_DIR" --no-deps -c "$constraints" "${NO_DEPS[@]}"' in train
