@@ -163,6 +163,15 @@ def test_rows_past_max_rows_and_the_weights_are_not_in_the_key(
     assert tokenizers.calls == 1
 
 
+# Damage to the arrays of a well-formed file: name -> the arrays as written afterwards.
+ARRAY_DAMAGE = {
+    "a pickled array": lambda a: {**a, "tokens": np.array([object()], dtype=object)},
+    "offsets past the tokens": lambda a: {**a, "sample_offsets": a["sample_offsets"] + 1},
+    "a row naming a missing sample": lambda a: {**a, "row_items": a["row_items"] + 10_000},
+    "an array missing": lambda a: {k: v for k, v in a.items() if k != "prompt_lens"},
+}
+
+
 def damage(path, kind):
     data = path.read_bytes()
     if kind == "truncated":
@@ -171,27 +180,9 @@ def damage(path, kind):
         path.write_bytes(np.random.default_rng(0).bytes(len(data)))
     elif kind == "empty":
         path.write_bytes(b"")
-    elif kind == "a pickled array":
+    else:
         with np.load(path) as arrays:
-            content = dict(arrays)
-        content["tokens"] = np.array([object()], dtype=object)
-        with path.open("wb") as handle:
-            np.savez(handle, **content)
-    elif kind == "offsets past the tokens":
-        with np.load(path) as arrays:
-            content = dict(arrays)
-        content["sample_offsets"] = content["sample_offsets"] + 1
-        with path.open("wb") as handle:
-            np.savez(handle, **content)
-    elif kind == "a row naming a missing sample":
-        with np.load(path) as arrays:
-            content = dict(arrays)
-        content["row_items"] = content["row_items"] + 10_000
-        with path.open("wb") as handle:
-            np.savez(handle, **content)
-    elif kind == "an array missing":
-        with np.load(path) as arrays:
-            content = {k: v for k, v in arrays.items() if k != "prompt_lens"}
+            content = ARRAY_DAMAGE[kind](dict(arrays))
         with path.open("wb") as handle:
             np.savez(handle, **content)
 
