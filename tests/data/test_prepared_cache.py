@@ -169,6 +169,7 @@ ARRAY_DAMAGE = {
     "offsets past the tokens": lambda a: {**a, "sample_offsets": a["sample_offsets"] + 1},
     "a row naming a missing sample": lambda a: {**a, "row_items": a["row_items"] + 10_000},
     "an array missing": lambda a: {k: v for k, v in a.items() if k != "prompt_lens"},
+    "metadata that is not an object": lambda a: {**a, "meta": np.frombuffer(b"[1]", np.uint8)},
 }
 
 
@@ -197,6 +198,7 @@ def damage(path, kind):
         "offsets past the tokens",
         "a row naming a missing sample",
         "an array missing",
+        "metadata that is not an object",
     ],
 )
 def test_a_damaged_file_is_one_line_and_a_fresh_preparation(

@@ -205,7 +205,15 @@ def load(
             shuffle=bool(meta["shuffle"]),
             pad_id=int(meta["pad_id"]),
         )
-    except (ValueError, KeyError, TypeError, OSError, EOFError, zipfile.BadZipFile) as exc:
+    except (
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        OSError,
+        EOFError,
+        zipfile.BadZipFile,
+    ) as exc:
         say(f"data: {path} is damaged ({type(exc).__name__}: {exc}); preparing the data again")
         return None
     return prepared.with_host(host_index, host_count)
