@@ -17,6 +17,7 @@ import math
 import os
 import shutil
 import sys
+import warnings
 from typing import Any
 
 from workloads import errors, storage
@@ -142,6 +143,11 @@ class HeldBackgroundErrors:
         if isinstance(exc, errors.UserError):
             self.dropping = True  # and stay installed: the writer threads may go on failing
             self.held.clear()
+            # The failed save's writer coroutines that never ran are collected at exit, each a
+            # "coroutine ... was never awaited" RuntimeWarning after the one line.
+            warnings.filterwarnings(
+                "ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning
+            )
             return
         for logger in self._loggers:
             logger.removeFilter(self._filter)
