@@ -80,6 +80,8 @@ MODEL_GB = 62.5  # bf16 weights of Gemma 4 31B
 # Real tokens of the paper's epoch (763 real tokens/s for 3.34 h): the size of the prepared data
 # a restart reads back, to scale the read-back rate measured here.
 EPOCH_REAL_TOKENS = 763 * 3.34 * 3600
+# uv as .ci/setup installs it (the dev extra): beside this venv's Python.
+UV = pathlib.Path(sys.executable).parent / "uv"
 VM_VENV_GB = 2.7  # the pinned stack's venv on disk as installed here (torch included)
 
 
@@ -140,12 +142,11 @@ def measure_venv(scratch: pathlib.Path) -> dict:
     # download: a venv, then uv installs huggingface-hub and hf-xet with their dependencies,
     # pinned by the lock, from an empty cache.
     hub = scratch / "hub"
-    uv = pathlib.Path(sys.executable).parent / "uv"
     started = time.monotonic()
     subprocess.run([sys.executable, "-m", "venv", str(hub)], check=True)
     hub_install = subprocess.run(
         [
-            str(uv),
+            str(UV),
             "pip",
             "install",
             "-q",
@@ -225,9 +226,8 @@ def measure_install(scratch: pathlib.Path) -> dict:
     is left out (not reachable from every machine; libtpu installs from PyPI)."""
     from infra.vm import startup as vm_startup
 
-    uv = pathlib.Path(sys.executable).parent / "uv"
-    if not uv.exists():
-        return {"error": f"no uv at {uv} (bash .ci/setup installs it)"}
+    if not UV.exists():
+        return {"error": f"no uv at {UV} (bash .ci/setup installs it)"}
     requirements = scratch / "requirements.txt"
     requirements.write_text(
         "\n".join(r for r in vm_startup.train_requirements() if not r.startswith("--"))
@@ -244,7 +244,7 @@ def measure_install(scratch: pathlib.Path) -> dict:
             base = [sys.executable, "-m", "pip", "--python", target, "install", "-q"]
             base += ["--no-cache-dir", "--disable-pip-version-check"]
         else:
-            base = [str(uv), "pip", "install", "-q", "--no-cache", "--compile-bytecode"]
+            base = [str(UV), "pip", "install", "-q", "--no-cache", "--compile-bytecode"]
             base += ["--python", target]
         started = time.monotonic()
         for args in (["-r", str(requirements)], ["--no-deps", *no_deps]):

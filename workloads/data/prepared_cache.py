@@ -45,7 +45,7 @@ _CODE = ("chat.py", "codev.py", "packing.py", "pipeline.py", "prepared_cache.py"
 
 
 class RowDigest:
-    """A running digest of the rows read, fed as `prepare` reads them."""
+    """A running digest of the rows `prepare` reads (fed by a pass of its own over them)."""
 
     def __init__(self) -> None:
         self._hash = hashlib.sha256()
@@ -62,7 +62,7 @@ class RowDigest:
 
 def path_for(output_dir: str) -> str:
     """Where a run directory keeps its prepared data."""
-    return output_dir.rstrip("/") + "/" + FILE_NAME
+    return runconfig.join(output_dir, FILE_NAME)
 
 
 def tokenizer_digest(model_dir: str) -> str:
