@@ -10,7 +10,7 @@ asked for (and each repeat):
 - cp: `cp` of the base's safetensors files to the same scratch directory, then fsync of every copy
   (the merge fsyncs its shards: both numbers are bytes on stable storage), timed right before
 - streamed: `workloads.merge.merge_lora` with that many worker processes (restore LoRA, then the
-  streaming pass: read, merge, sha256, write, fsync, index last), in its own process so that peak
+  streaming pass: read, merge, checksum, write, fsync, index last), in its own process so that peak
   RSS is its alone;
 
 and prints both rates, their ratio, the cores used and the load average before each pair (on a
@@ -22,7 +22,8 @@ the load). Last, once:
   streamed one.
 
 Before the runs it prints the CPU seconds per GB of each step of merging a LoRA target (read, widen,
-product + add, non-finite check, round, sha256, write), on one core's CPU clock (`--skip-profile`).
+product + add, non-finite check, round, checksum, write), on one core's CPU clock
+(`--skip-profile`).
 
 Usage: python benchmarks/merge_throughput.py [--size-gb 3.5] [--shard-size 1GB] [--workdir DIR]
            [--workers 1,auto] [--repeats 1] [--skip-naive] [--skip-profile]
@@ -306,12 +307,12 @@ def stage_profile(scratch: pathlib.Path, rank: int, repeats: int = 5) -> list[tu
 
 
 def _profile_width(scratch: pathlib.Path, rank: int, cols: int, repeats: int) -> dict[str, float]:
-    import hashlib
-
     import ml_dtypes
     import numpy as np
 
+    from workloads import digest
     from workloads.merge import blas, mapping
+    from workloads.merge import safetensors_io as st
     from workloads.merge.shard_worker import overflow_limit
 
     rng = np.random.default_rng(cols)
@@ -332,6 +333,17 @@ def _profile_width(scratch: pathlib.Path, rank: int, cols: int, repeats: int) ->
     out_bytes = out.view(np.uint8).reshape(-1)
     fd = os.open(path, os.O_RDONLY)
     sink = os.open(written, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    appended = [0]
+
+    def write_new_pages() -> None:
+        """As the shard writer does: new bytes at the end of the file (fresh page-cache pages,
+        which an overwrite at offset 0 would not need), in st.WRITE_SLICE pieces."""
+        view = memoryview(out_bytes)
+        for start in range(0, len(view), st.WRITE_SLICE):
+            piece = view[start : start + st.WRITE_SLICE]
+            os.pwrite(sink, piece, appended[0])
+            appended[0] += len(piece)
+
     steps = {
         "read (pread, page cache)": lambda: os.preadv(fd, [raw], 0),
         "widen bf16 -> f32": lambda: np.copyto(
@@ -340,8 +352,8 @@ def _profile_width(scratch: pathlib.Path, rank: int, cols: int, repeats: int) ->
         f"product + add (sgemm beta=1, rank {rank})": lambda: delta.add_rows_to(acc, 0),
         "non-finite check (min/max)": lambda: acc.max() < limit and acc.min() > -limit,
         "round f32 -> bf16": lambda: np.copyto(out, acc, casting="unsafe"),
-        "sha256 (OpenSSL)": lambda: hashlib.sha256(memoryview(out_bytes)),
-        "write (page cache)": lambda: os.pwrite(sink, out_bytes, 0),
+        "checksum (crc32c, C extension)": lambda: digest.new(digest.CRC32C).update(out_bytes),
+        "write (new page-cache pages)": write_new_pages,
     }
     best: dict[str, float] = {}
     try:
@@ -586,7 +598,7 @@ def main() -> int:
                 f"on {workers} of {len(os.sched_getaffinity(0))} cores"
             )
         print(
-            "merge GB/s: tensor bytes over the streaming pass (plan, read, merge, sha256, write, "
+            "merge GB/s: tensor bytes over the streaming pass (plan, read, merge, checksum, write, "
             "fsync; the LoRA restore before it is in 'whole merge s'); CPU s/GB: user + system "
             "seconds per GB of the streaming pass (all processes), of the whole merge (imports "
             "and restore included) and of cp"

@@ -74,7 +74,8 @@ def pinned(requirement: str) -> str:
 # every worker gets the same software; the `workloads` package itself is installed on top by the
 # deployment. libtpu is the TPU compiler itself: the release the deviceless compile check uses,
 # so what that check compiled is what the VM compiles. transformers renders the chat template
-# with the tokenizer's own implementation (what vLLM uses); tqdm and psutil serve the merge.
+# with the tokenizer's own implementation (what vLLM uses); tqdm, psutil and google-crc32c (the
+# shards' checksum) serve the merge.
 TRAIN_PACKAGES = (
     "jax[tpu]",
     "libtpu",
@@ -89,13 +90,14 @@ TRAIN_PACKAGES = (
     "transformers",
     "huggingface_hub",
     "gcsfs",
+    "google-crc32c",
     "tensorboardX",
     "tqdm",
     "psutil",
 )
 # The serving host runs vLLM in its container; its venv only drives serve/eval/bench/report
-# (gs:// access, and the bench and report plots).
-SERVE_PACKAGES = ("gcsfs", "matplotlib")
+# (gs:// access, the shards' checksums, and the bench and report plots).
+SERVE_PACKAGES = ("gcsfs", "google-crc32c", "matplotlib")
 
 
 @functools.cache

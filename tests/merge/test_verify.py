@@ -31,8 +31,8 @@ def test_verify_refuses_nan_in_a_merged_tensor(lora_run, merged, tmp_path, capsy
         handle.write(np.full(3, np.nan, dtype).tobytes())
     # The metadata updated to the damaged bytes: the NaN check alone must catch it.
     meta = json.loads((copy / stream.METADATA_FILE).read_text())
-    sha, size = st.sha256_file(str(copy / info.file))
-    meta["files"][info.file] = {"sha256": sha, "bytes": size}
+    crc, size = st.file_digest(str(copy / info.file), "crc32c")
+    meta["files"][info.file] = {"crc32c": crc, "bytes": size}
     (copy / stream.METADATA_FILE).write_text(json.dumps(meta))
 
     report = merge.verify_merged(str(copy), base=str(lora_run.base))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
 import pathlib
@@ -14,6 +13,8 @@ import uuid
 
 import fsspec
 import pytest
+
+from workloads import digest
 
 FAKE_DOCKER = pathlib.Path(__file__).with_name("fake_docker.py")
 
@@ -63,12 +64,24 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def checksum(data: bytes, algorithm: str = digest.CRC32C) -> str:
+    running = digest.new(algorithm)
+    running.update(data)
+    return running.hexdigest()
+
+
 def write_merged_model(
-    url: str, *, shards: int = 2, shard_bytes: int = 4096, corrupt: str | None = None
+    url: str,
+    *,
+    shards: int = 2,
+    shard_bytes: int = 4096,
+    corrupt: str | None = None,
+    algorithm: str = digest.CRC32C,
 ) -> dict[str, bytes]:
     """Writes a merged-model directory as the merge leaves it (shards, config, tokenizer, index
-    last-but-one, merge_metadata.json); `corrupt` names a shard whose bytes no longer match
-    its recorded sha256 (same size). Returns name -> content."""
+    last-but-one, merge_metadata.json with each shard's `algorithm` checksum); `corrupt` names a
+    shard whose bytes no longer match its recorded checksum (same size). Returns name ->
+    content."""
     fs, root = fsspec.core.url_to_fs(url)
     fs.makedirs(root, exist_ok=True)
     files: dict[str, bytes] = {}
@@ -77,7 +90,7 @@ def write_merged_model(
         name = f"model-{i:05d}-of-{shards:05d}.safetensors"
         files[name] = os.urandom(shard_bytes)
         meta_files[name] = {
-            "sha256": hashlib.sha256(files[name]).hexdigest(),
+            algorithm: checksum(files[name], algorithm),
             "bytes": len(files[name]),
         }
     files["config.json"] = json.dumps({"model_type": "gemma4"}).encode()

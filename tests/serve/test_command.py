@@ -177,7 +177,7 @@ def test_a_corrupt_model_never_reaches_docker(tmp_path, fake_docker, free_port, 
     write_merged_model(str(tmp_path / "merged"), corrupt="model-00001-of-00002.safetensors")
     config = _config(tmp_path, free_port, model_dir=str(tmp_path / "merged"))
     assert cli.main(["serve", "--config", config]) == 2  # no restart: the weights are bad
-    assert "model-00001-of-00002.safetensors: sha256" in capsys.readouterr().err
+    assert "model-00001-of-00002.safetensors: crc32c" in capsys.readouterr().err
     assert fake_docker.calls() == []
 
 

@@ -1,8 +1,7 @@
-"""Staging the merged model: completion marker, parallel copy, skip-if-complete, sha256 checks."""
+"""Staging the merged model: completion marker, parallel copy, skip-if-complete, checksums."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import pathlib
 import threading
@@ -11,8 +10,8 @@ import time
 import fsspec
 import pytest
 
-from tests.serve.conftest import write_merged_model
-from workloads import storage
+from tests.serve.conftest import checksum, write_merged_model
+from workloads import digest, storage
 from workloads.serve import compile_cache, staging
 
 SHARD1 = "model-00001-of-00002.safetensors"
@@ -49,7 +48,7 @@ def test_stage_copies_verifies_and_fetches_the_markers_last(memory_url, tmp_path
     assert sorted(report.downloaded) == sorted(set(files) - set(staging.MARKERS))
     assert report.bytes_downloaded == sum(len(files[n]) for n in report.downloaded)
     stamp = json.loads((tmp_path / "staged" / staging.STAMP).read_text())
-    assert stamp[SHARD1]["sha256"] == hashlib.sha256(files[SHARD1]).hexdigest()
+    assert stamp[SHARD1]["crc32c"] == checksum(files[SHARD1])
 
 
 def test_a_second_staging_skips_complete_files_and_refetches_a_damaged_one(
@@ -62,7 +61,7 @@ def test_a_second_staging_skips_complete_files_and_refetches_a_damaged_one(
     seen.clear()
     again = staging.stage_model(f"{memory_url}/merged", str(dest))
     assert again.downloaded == () and seen == list(staging.MARKERS)
-    # Same size, different bytes (and a new mtime): the sha256 check catches it.
+    # Same size, different bytes (and a new mtime): the checksum catches it.
     (dest / SHARD2).write_bytes(b"\0" * len(files[SHARD2]))
     (dest / "config.json").unlink()
     seen.clear()
@@ -86,7 +85,7 @@ def test_a_shard_that_stays_corrupt_is_a_clear_error(memory_url, tmp_path, downl
     with pytest.raises(staging.StagingError) as info:
         staging.stage_model(f"{memory_url}/merged", str(tmp_path / "staged"))
     message = str(info.value)
-    assert f"{memory_url}/merged/{SHARD2}: sha256 " in message
+    assert f"{memory_url}/merged/{SHARD2}: crc32c " in message
     assert "does not match merge_metadata.json" in message and "downloaded twice" in message
     assert seen.count(SHARD2) == 2
     assert not (tmp_path / "staged" / SHARD2).exists()
@@ -110,11 +109,36 @@ def test_verify_local_checks_sizes_and_checksums(tmp_path):
     files = write_merged_model(str(tmp_path / "m"))
     staging.verify_local(str(tmp_path / "m"))
     (tmp_path / "m" / SHARD1).write_bytes(b"\1" * len(files[SHARD1]))
-    with pytest.raises(staging.StagingError, match=f"{SHARD1}: sha256 .* does not match"):
+    with pytest.raises(staging.StagingError, match=f"{SHARD1}: crc32c .* does not match"):
         staging.verify_local(str(tmp_path / "m"))
     (tmp_path / "m" / SHARD1).write_bytes(b"short")
     with pytest.raises(staging.StagingError, match=r"5 bytes, merge_metadata\.json says 4096"):
         staging.verify_local(str(tmp_path / "m"))
+
+
+def test_a_model_merged_with_sha256_by_an_earlier_version_stages_and_is_checked(
+    memory_url, tmp_path
+):
+    files = write_merged_model(f"{memory_url}/merged", algorithm=digest.SHA256)
+    staging.stage_model(f"{memory_url}/merged", str(tmp_path / "staged"))
+    stamp = json.loads((tmp_path / "staged" / staging.STAMP).read_text())
+    assert stamp[SHARD1]["sha256"] == checksum(files[SHARD1], digest.SHA256)
+    (tmp_path / "staged" / SHARD1).write_bytes(b"\1" * len(files[SHARD1]))
+    with pytest.raises(staging.StagingError, match=f"{SHARD1}: sha256 .* does not match"):
+        staging.verify_local(str(tmp_path / "staged"))
+
+
+def test_a_metadata_entry_without_a_known_checksum_is_one_clear_error(memory_url, tmp_path):
+    write_merged_model(f"{memory_url}/merged")
+    path = f"{memory_url}/merged/merge_metadata.json"
+    meta = json.loads(storage.read_text(path))
+    meta["files"][SHARD1] = {"md5": "0" * 32, "bytes": 4096}
+    storage.write_text_atomic(path, json.dumps(meta))
+    with pytest.raises(staging.StagingError) as info:
+        staging.stage_model(f"{memory_url}/merged", str(tmp_path / "staged"))
+    assert str(info.value) == (
+        f'{path}: files.{SHARD1} needs a checksum ("crc32c" or "sha256", a str) and "bytes" (int)'
+    )
 
 
 def test_waiting_for_the_marker(memory_url):

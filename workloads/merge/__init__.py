@@ -61,7 +61,7 @@ class MergeResult:
         out: the output directory.
         step: the checkpoint step that was merged.
         rank, alpha, targets: the adapters' settings (from lora_meta.json).
-        shards: shard file name -> {"sha256", "bytes"}.
+        shards: shard file name -> {"crc32c" (or "sha256", workloads.digest), "bytes"}.
         tensor_bytes: bytes of tensor data written (= the base's).
         merged_tensors: tensors that received a delta.
         copied_tensors: tensors copied bit for bit.

@@ -39,7 +39,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--verify",
         action="store_true",
-        help="afterwards, re-read the output: sha256 of every shard, and every "
+        help="afterwards, re-read the output: the checksum of every shard, and every "
         "non-target tensor byte-identical to the base",
     )
     parser.add_argument(

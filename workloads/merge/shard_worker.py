@@ -4,7 +4,8 @@ A shard is written in one pass: its header (planned from the base headers, so ev
 known), then each tensor streamed from the base file into it. A tensor without a LoRA delta is a
 raw byte copy (never decoded); a LoRA target goes block of rows by block of rows: float32(base) +
 delta, cast back to the tensor's dtype (round to nearest even, as torch and ml_dtypes do). The
-sha256 of the shard is computed while it is written (HashingWriter), and the file is fsynced.
+checksum of the shard (workloads.digest) is computed while it is written (HashingWriter), and the
+file is fsynced.
 
 Memory of one shard job: one block of rows in float32 and in the base dtype, the writer's two
 buffers and the LoRA factors of the shard's own targets, whatever the shard or model size.
@@ -68,10 +69,12 @@ class ShardTask:
 
 @dataclasses.dataclass(frozen=True)
 class ShardResult:
-    """A written shard: its sha256, its size and the peak RSS of the process that wrote it."""
+    """A written shard: its checksum (and the checksum's algorithm), its size and the peak RSS of
+    the process that wrote it."""
 
     name: str
-    sha256: str
+    digest: str
+    algorithm: str
     bytes: int
     peak_rss_bytes: int
 
@@ -217,9 +220,9 @@ def write_shard(
     source: st.Source,
     progress: Progress,
     workspace: Workspace | None = None,
-) -> tuple[str, int]:
-    """Writes the shard of `task`; returns its sha256 and size. A failure removes nothing (the
-    caller owns the directory) but closes the file."""
+) -> tuple[str, str, int]:
+    """Writes the shard of `task`; returns its checksum, the checksum's algorithm and its size. A
+    failure removes nothing (the caller owns the directory) but closes the file."""
     workspace = workspace or Workspace()
     writer = st.HashingWriter(pathlib.Path(task.path))
     try:
@@ -238,7 +241,7 @@ def write_shard(
     except BaseException:
         writer.abort()
         raise
-    return writer.close(), writer.bytes
+    return writer.close(), writer.algorithm, writer.bytes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,10 +271,10 @@ def run_in_process(task: ShardTask) -> ShardResult:
     assert _PROGRESS is not None, "init_process did not run"
     source = st.Source(task.layout)
     try:
-        sha, size = write_shard(task, source, _PROGRESS)
+        checksum, algorithm, size = write_shard(task, source, _PROGRESS)
     finally:
         source.close()
-    return ShardResult(task.plan.name, sha, size, peak_rss_bytes())
+    return ShardResult(task.plan.name, checksum, algorithm, size, peak_rss_bytes())
 
 
 def shard_layout(layout: st.Layout, plan: ShardPlan) -> st.Layout:

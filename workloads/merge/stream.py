@@ -6,7 +6,7 @@ so the shard's header is written first); then each shard is written by a job (sh
 that streams its tensors from the base files: a LoRA target block of rows by block of rows, any
 other tensor (vision tower included) as raw bytes. The jobs run in worker processes, as many as
 the host has cores (and shards, and memory for), each with its BLAS on one thread, so the float32
-products, the sha256 and the writes of different shards run side by side.
+products, the checksums and the writes of different shards run side by side.
 A gs:// output uploads each finished shard while the workers write the next ones. Memory is a few
 blocks of rows per worker on top of its shard's LoRA factors, whatever the model or shard size.
 
@@ -35,7 +35,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from workloads import errors, logs, runconfig, storage
+from workloads import digest, errors, logs, runconfig, storage
 from workloads.merge import blas, mapping, shard_worker
 from workloads.merge import safetensors_io as st
 from workloads.merge.shard_worker import BLOCK_BYTES, ShardPlan
@@ -408,8 +408,10 @@ class _ThreadRunner:
     def _run(self, task: shard_worker.ShardTask) -> shard_worker.ShardResult:
         from workloads.merge import peak_rss_bytes
 
-        sha, size = shard_worker.write_shard(task, self._source, self.progress, self._workspace)
-        return shard_worker.ShardResult(task.plan.name, sha, size, peak_rss_bytes())
+        checksum, algorithm, size = shard_worker.write_shard(
+            task, self._source, self.progress, self._workspace
+        )
+        return shard_worker.ShardResult(task.plan.name, checksum, algorithm, size, peak_rss_bytes())
 
     def submit(self, task: shard_worker.ShardTask) -> concurrent.futures.Future[Any]:
         return self._pool.submit(self._run, task)
@@ -573,7 +575,9 @@ def stream_merge(
             results = _run_shards(tasks, runner, count, sink, bar)
             runner.close()
             files = {
-                p.name: {"sha256": results[p.name].sha256, "bytes": results[p.name].bytes}
+                p.name: digest.record(
+                    results[p.name].algorithm, results[p.name].digest, results[p.name].bytes
+                )
                 for p in plans
             }
             for name in aux_files(layout.root):

@@ -1,7 +1,7 @@
 """Checks of a merged checkpoint: integrity against its metadata and base, and logits parity.
 
 `verify_merged` is what `merge --verify` runs on any model size: the index is there and matches
-merge_metadata.json, every shard has the recorded sha256 and size, no floating tensor holds NaN
+merge_metadata.json, every shard has the recorded checksum and size, no floating tensor holds NaN
 or Inf, the tensors are the base's
 (same names, dtypes, shapes), every tensor that is not a LoRA target is byte-identical to the
 base and every target differs from it. `compare_logits` is the numerical proof on a small model:
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from workloads import errors, runconfig, storage
+from workloads import digest, errors, runconfig, storage
 from workloads.merge import safetensors_io as st
 
 _CHUNK = 16 * 1024 * 1024
@@ -60,7 +60,7 @@ class VerifyReport:
 
     def summary(self) -> str:
         head = (
-            f"verify {self.out}: {self.shards} shard(s) match their sha256, "
+            f"verify {self.out}: {self.shards} shard(s) match their checksum, "
             f"{self.tensors} tensors; "
             f"{self.identical_copies} non-target tensors byte-identical to the base, "
             f"{self.changed_targets}/{self.merged_tensors} targets changed"
@@ -99,11 +99,19 @@ def verify_merged(
         if not storage.exists(path):
             problems.append(f"{name}: missing")
             continue
-        sha, size = st.sha256_file(path)
-        if sha != expected.get("sha256") or size != expected.get("bytes"):
+        want = digest.expected(expected)
+        if want is None:
             problems.append(
-                f"{name}: sha256/size {sha[:12]}…/{size} differ from merge_metadata.json "
-                f"{str(expected.get('sha256'))[:12]}…/{expected.get('bytes')}"
+                f"{name}: merge_metadata.json records no checksum "
+                f"(one of {', '.join(digest.ALGORITHMS)})"
+            )
+            continue
+        algorithm, checksum = want
+        got, size = st.file_digest(path, algorithm)
+        if got != checksum or size != expected.get("bytes"):
+            problems.append(
+                f"{name}: {algorithm}/size {got[:12]}…/{size} differ from merge_metadata.json "
+                f"{checksum[:12]}…/{expected.get('bytes')}"
             )
     targets = set(meta.get("merged_tensors", ()))
     _check_finite(layout, problems, staging_dir)

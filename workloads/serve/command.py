@@ -2,7 +2,7 @@
 
 Steps (each one restartable; systemd's gemma4-serve.service runs this in the foreground):
 1. wait (bounded) for the merge's completion marker in serve.model_dir;
-2. stage a gs:// model to serve.local_dir (parallel, already-complete files skipped, sha256
+2. stage a gs:// model to serve.local_dir (parallel, already-complete files skipped, checksums
    verified against merge_metadata.json); a local model is verified in place; a hub id is
    neither (vLLM downloads it with the HF token);
 3. restore the XLA compile cache from serve.compile_cache_gcs;
@@ -438,7 +438,7 @@ def describe(serve: runconfig.ServeSection, *, docker: str = "docker") -> str:
         lines.append(
             f"stage: {source.location} -> {source.serve_path} "
             f"(wait up to {serve.model_wait_timeout_s} s for "
-            f"{' + '.join(staging.MARKERS)}, verify sha256 from {staging.METADATA})"
+            f"{' + '.join(staging.MARKERS)}, verify checksums from {staging.METADATA})"
         )
     elif source.kind == "local":
         lines.append(f"verify: {source.serve_path} against {staging.METADATA}")

@@ -1,8 +1,9 @@
 """Merged weights onto the serving host: wait for the merge's completion marker, stage in
-parallel, verify every shard's sha256 against merge_metadata.json.
+parallel, verify every shard's checksum against merge_metadata.json.
 
 The merge writes `model.safetensors.index.json` last (workloads.merge.safetensors_io), and
-`merge_metadata.json` lists every shard with its sha256 and size. Staging copies what is not yet
+`merge_metadata.json` lists every shard with its checksum (crc32c; sha256 from earlier versions:
+workloads.digest) and size. Staging copies what is not yet
 complete, checks each listed shard, re-downloads a bad one once, and fetches the two marker files
 last, so an interrupted staging never looks complete. A small stamp file in the destination
 remembers which shards were verified (size + mtime), so a restart does not re-hash 62.5 GB.
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import hashlib
 import json
 import os
 import pathlib
@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from workloads import errors, logs, storage
+from workloads import digest, errors, logs, storage
 
 LOG = logs.get("serve")
 
@@ -106,7 +106,7 @@ def wait_for_marker(
 
 
 def read_metadata(model_dir: str) -> dict[str, dict[str, Any]]:
-    """The `files` map of merge_metadata.json: shard name -> {"sha256", "bytes"}.
+    """The `files` map of merge_metadata.json: shard name -> {"crc32c" or "sha256", "bytes"}.
 
     Raises:
         StagingError: the file is missing or malformed.
@@ -122,20 +122,31 @@ def read_metadata(model_dir: str) -> dict[str, dict[str, Any]]:
         raise StagingError(f"{path}: not valid JSON ({exc})") from None
     files = data.get("files") if isinstance(data, dict) else None
     if not isinstance(files, dict) or not files:
-        raise StagingError(f'{path}: expected a non-empty "files" map of shard -> sha256/bytes')
+        raise StagingError(f'{path}: expected a non-empty "files" map of shard -> checksum/bytes')
     for name, entry in files.items():
         if not (
             isinstance(entry, dict)
-            and isinstance(entry.get("sha256"), str)
+            and digest.expected(entry) is not None
             and isinstance(entry.get("bytes"), int)
         ):
-            raise StagingError(f'{path}: files.{name} needs "sha256" (str) and "bytes" (int)')
+            raise StagingError(
+                f"{path}: files.{name} needs a checksum ("
+                + " or ".join(f'"{a}"' for a in digest.ALGORITHMS)
+                + ', a str) and "bytes" (int)'
+            )
     return files
 
 
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
+def checksum_of(path: str | os.PathLike[str], entry: dict[str, Any]) -> str:
+    """The file's checksum with the algorithm its metadata entry names."""
+    algorithm, _ = _want(entry)
+    return digest.of_file(path, algorithm)[0]
+
+
+def _want(entry: dict[str, Any]) -> tuple[str, str]:
+    want = digest.expected(entry)
+    assert want is not None  # read_metadata refused entries without one
+    return want
 
 
 def parallel_map(fn: Callable[[str], Any], items: Iterable[str], workers: int) -> dict[str, Any]:
@@ -146,15 +157,16 @@ def parallel_map(fn: Callable[[str], Any], items: Iterable[str], workers: int) -
         return dict(zip(items, pool.map(fn, items), strict=True))
 
 
-def _mismatch(path: str, expected: dict[str, Any], got_sha: str) -> str:
+def _mismatch(path: str, expected: dict[str, Any], got: str) -> str:
+    algorithm, want = _want(expected)
     return (
-        f"{path}: sha256 {got_sha} does not match merge_metadata.json "
-        f"({expected['sha256']}, {expected['bytes']} bytes)"
+        f"{path}: {algorithm} {got} does not match merge_metadata.json "
+        f"({want}, {expected['bytes']} bytes)"
     )
 
 
 def verify_local(model_dir: str, *, workers: int = 16) -> None:
-    """Checks every shard listed in merge_metadata.json of a local directory (size and sha256).
+    """Checks every shard listed in merge_metadata.json of a local directory (size and checksum).
 
     Raises:
         StagingError: naming the first bad or missing shard.
@@ -168,9 +180,11 @@ def verify_local(model_dir: str, *, workers: int = 16) -> None:
             raise StagingError(
                 f"{path}: {path.stat().st_size} bytes, merge_metadata.json says {entry['bytes']}"
             )
-    digests = parallel_map(lambda name: sha256_file(pathlib.Path(model_dir, name)), files, workers)
+    digests = parallel_map(
+        lambda name: checksum_of(pathlib.Path(model_dir, name), files[name]), files, workers
+    )
     for name, got in sorted(digests.items()):
-        if got != files[name]["sha256"]:
+        if got != _want(files[name])[1]:
             raise StagingError(_mismatch(str(pathlib.Path(model_dir, name)), files[name], got))
 
 
@@ -182,18 +196,20 @@ def _load_stamp(dest: pathlib.Path) -> dict[str, dict[str, Any]]:
     return data if isinstance(data, dict) else {}
 
 
-def _stamp_entry(path: pathlib.Path, sha: str) -> dict[str, Any]:
+def _stamp_entry(path: pathlib.Path, entry: dict[str, Any]) -> dict[str, Any]:
+    """What the stamp remembers of a verified shard: the checksum it matched, size and mtime."""
+    algorithm, want = _want(entry)
     stat = path.stat()
-    return {"sha256": sha, "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    return {algorithm: want, "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
 def stage_model(src: str, dest: str, *, workers: int = 16) -> StageReport:
     """Copies a merged model directory to a local directory and verifies it.
 
-    Files already in dest with the right size are kept (shards also need the right sha256, taken
-    from the stamp when size and mtime are unchanged, else hashed). Missing or incomplete files
-    are downloaded in parallel; a shard with a wrong sha256 is downloaded once more, then staging
-    fails. The marker files are fetched last.
+    Files already in dest with the right size are kept (shards also need the right checksum,
+    taken from the stamp when size and mtime are unchanged, else computed). Missing or incomplete
+    files are downloaded in parallel; a shard with a wrong checksum is downloaded once more, then
+    staging fails. The marker files are fetched last.
 
     Args:
         src: merged model directory (gs://, memory://, or a local path).
@@ -223,12 +239,11 @@ def stage_model(src: str, dest: str, *, workers: int = 16) -> StageReport:
             return False
         if rel not in files:
             return True
-        want = files[rel]["sha256"]
         known = stamp.get(rel)
-        if known and known == _stamp_entry(path, want):
+        if known and known == _stamp_entry(path, files[rel]):
             return True
-        if sha256_file(path) == want:
-            stamp[rel] = _stamp_entry(path, want)
+        if checksum_of(path, files[rel]) == _want(files[rel])[1]:
+            stamp[rel] = _stamp_entry(path, files[rel])
             return True
         return False
 
@@ -250,12 +265,12 @@ def stage_model(src: str, dest: str, *, workers: int = 16) -> StageReport:
             storage.download_file(_child(src, rel), str(target))
             if rel not in files:
                 return None
-            got = sha256_file(target)
-            if got == files[rel]["sha256"]:
-                stamp[rel] = _stamp_entry(target, got)
+            got = checksum_of(target, files[rel])
+            if got == _want(files[rel])[1]:
+                stamp[rel] = _stamp_entry(target, files[rel])
                 return None
             if attempt == 1:
-                LOG.info(f"{target}: sha256 mismatch after download, downloading it once more")
+                LOG.info(f"{target}: checksum mismatch after download, downloading it once more")
             target.unlink(missing_ok=True)
         return _mismatch(_child(src, rel), files[rel], got) + " (downloaded twice)"
 

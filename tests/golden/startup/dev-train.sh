@@ -15,10 +15,10 @@ readonly LOG_FILE=/var/log/gemma4-startup.log
 readonly STAGES_FILE=/var/lib/gemma4/stages.jsonl
 # This script, kept on the VM so the jobs after ready can run it as their own systemd unit.
 readonly SCRIPT_COPY=/var/lib/gemma4/startup.sh
-readonly REQUIREMENTS_DIGEST=237b7024300fd0c2
+readonly REQUIREMENTS_DIGEST=809ae7932d158e8e
 # gs://.../venv-<digest>.tar.gz: this venv packed by the first VM, restored by the others ('':
 # none). Its .sha256 next to it is written last and checked before anything is unpacked.
-readonly VENV_ARCHIVE_URI=gs://your-gcp-project-gemma4-dev-us-central1/venv/train-237b7024300fd0c2.tar.gz
+readonly VENV_ARCHIVE_URI=gs://your-gcp-project-gemma4-dev-us-central1/venv/train-809ae7932d158e8e.tar.gz
 # uv (pinned by the lock) installs the venvs; it lives in a small venv of its own.
 readonly UV_REQUIREMENT=uv==0.13.8
 readonly UV_VENV="$VENV_DIR-uv"
@@ -37,6 +37,7 @@ readonly -a REQUIREMENTS=(
   transformers==5.12.1
   huggingface_hub==1.33.0
   gcsfs==2026.10.1
+  google-crc32c==1.9.0
   tensorboardX==2.6.5
   tqdm==4.70.1
   psutil==7.2.2

@@ -15,7 +15,7 @@ readonly LOG_FILE=/var/log/gemma4-startup.log
 readonly STAGES_FILE=/var/lib/gemma4/stages.jsonl
 # This script, kept on the VM so the jobs after ready can run it as their own systemd unit.
 readonly SCRIPT_COPY=/var/lib/gemma4/startup.sh
-readonly REQUIREMENTS_DIGEST=768ef141671a1ac8
+readonly REQUIREMENTS_DIGEST=7dd528519c5c329c
 # gs://.../venv-<digest>.tar.gz: this venv packed by the first VM, restored by the others ('':
 # none). Its .sha256 next to it is written last and checked before anything is unpacked.
 readonly VENV_ARCHIVE_URI=''
@@ -24,6 +24,7 @@ readonly UV_REQUIREMENT=uv==0.13.8
 readonly UV_VENV="$VENV_DIR-uv"
 readonly -a REQUIREMENTS=(
   gcsfs==2026.10.1
+  google-crc32c==1.9.0
   matplotlib==3.11.2
   pydantic==2.14.4
   pyyaml==6.0.4
