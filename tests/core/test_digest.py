@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from workloads import digest
-from workloads.merge import safetensors_io as st
 
 
 def hexdigest(algorithm: str, *chunks) -> str:
@@ -44,33 +43,6 @@ def test_an_entry_names_its_algorithm_and_crc32c_wins():
     assert digest.expected({"sha256": "cd", "bytes": 1}) == ("sha256", "cd")
     assert digest.expected({"md5": "cd", "bytes": 1}) is None
     assert digest.record("crc32c", "ab", 3) == {"crc32c": "ab", "bytes": 3}
-
-
-def test_the_writer_records_sha256_when_the_c_extension_is_missing(tmp_path, monkeypatch):
-    monkeypatch.setattr(digest, "fast_crc32c", lambda: False)
-    writer = st.HashingWriter(tmp_path / "f")
-    writer.write(b"abc")
-    assert writer.algorithm == "sha256"
-    assert writer.close() == hashlib.sha256(b"abc").hexdigest()
-
-
-def test_writes_in_slices_keep_every_byte_and_the_checksum(tmp_path, monkeypatch):
-    """The writer hands the kernel a block a slice at a time (st.WRITE_SLICE): with slices that
-    do not divide the blocks, the file and its checksum are still the bytes submitted."""
-    monkeypatch.setattr(st, "WRITE_SLICE", 4099)
-    data = np.random.default_rng(1).integers(0, 256, 100_003, dtype=np.uint8)
-    writer = st.HashingWriter(tmp_path / "f")
-    writer.write(b"header")
-    for start in range(0, data.size, 30_001):
-        piece = data[start : start + 30_001]
-        out = writer.buffer(piece.size)
-        out[:] = piece
-        writer.submit(out)
-    checksum = writer.close()
-    written = (tmp_path / "f").read_bytes()
-    assert written == b"header" + data.tobytes()
-    assert checksum == hexdigest(digest.CRC32C, written)
-    assert st.file_digest(str(tmp_path / "f"), "crc32c") == (checksum, len(written))
 
 
 def test_a_file_is_read_to_its_end(tmp_path):
