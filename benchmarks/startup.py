@@ -421,8 +421,6 @@ def estimate(measured: dict) -> list[tuple[str, str, list[tuple[str, float, floa
     gcs = tuple(MODEL_GB / g for g in p["gcs_gbps"][::-1])
     load_band = p["load_s"]
     compile_band = p["compile_31b_s"]
-    # Compile-ahead: the step compiles beside loading, so the later of the two ends the wait.
-    critical = (max(compile_band[0], load_band[0]), max(compile_band[1], load_band[1]))
     hub_client = (venv or {}).get("hub_client_s")
     if hub_client:
         client, client_src = (
@@ -452,24 +450,33 @@ def estimate(measured: dict) -> list[tuple[str, str, list[tuple[str, float, floa
         )
     else:
         read_back, read_back_src = (1.0, 10.0), "assumption: prepared data read back in 1-10 s"
-    # Side by side (the startup script's weights stage runs beside its venv stage): the later
-    # of the two, band end by band end.
+    # Side by side (the startup script's weights stage runs beside its venv stage). The host is
+    # ready once the venv and the model's small files are there: the trainer starts, prepares the
+    # data and compiles the step while the shards arrive, and loads them once they are whole. So
+    # the first step comes at the later of (venv, trainer start, data, compile) and (hub client,
+    # download, then load, which cannot start before the trainer reaches it), band end by end.
+    before_compile = tuple(fresh_install[i] + p["process_s"][i] + p["data_s"][i] for i in (0, 1))
+    weights_then_load = tuple(
+        max(client[i] + hub[i], before_compile[i]) + load_band[i] for i in (0, 1)
+    )
+    compile_or_load = tuple(
+        max(compile_band[i], weights_then_load[i] - before_compile[i]) for i in (0, 1)
+    )
     cold = [
         ("VM create to boot", *p["vm_create_s"], src["vm_create_s"]),
         ("python 3.11", *p["python_s"], src["python_s"]),
         (
-            "venv (uv) || hub client + weights",
-            max(fresh_install[0], client[0] + hub[0]),
-            max(fresh_install[1], client[1] + hub[1]),
-            f"the later of the venv ({fresh_src}) and the hub client ({client_src}) + the "
-            f"download of {MODEL_GB} GB ({src['hub_gbps']})",
+            "venv (uv), trainer start, data",
+            *before_compile,
+            f"the venv ({fresh_src}), then {src['process_s']}, then {src['data_s']}; the "
+            "host is ready once the venv and the model's config and tokenizer are there",
         ),
-        ("data: tokenize + pack", *p["data_s"], src["data_s"]),
-        ("trainer process start", *p["process_s"], src["process_s"]),
         (
-            "load || compile (compile-ahead)",
-            *critical,
-            f"the later of load ({src['load_s']}) and compile ({src['compile_31b_s']})",
+            "compile || weights arrive + load",
+            *compile_or_load,
+            f"the later of the compile ({src['compile_31b_s']}) and what is left of the "
+            f"weights, begun beside the venv: the hub client ({client_src}) + the download "
+            f"of {MODEL_GB} GB ({src['hub_gbps']}), then the load ({src['load_s']})",
         ),
     ]
     warm_vm = [

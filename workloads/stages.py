@@ -45,6 +45,7 @@ ORDER = (
     "venv",
     "weights",
     "data",
+    "weights_wait",
     "load",
     "compile",
     "first_step",

@@ -1,11 +1,16 @@
 """workloads.staged_base: a job handed the bucket's URL reads the startup script's staged copy
-when its marker says it is whole (the bucket's copy may still be uploading), and only then."""
+when its marker says it is whole (the bucket's copy may still be uploading), and only then; the
+trainer starts on its small files and waits, bounded, for the weights."""
 
 from __future__ import annotations
 
+import os
 import pathlib
+import subprocess
 
-from workloads import model, staged_base
+import pytest
+
+from workloads import errors, model, staged_base
 
 
 def test_the_staged_copy_is_used_only_when_its_marker_is_there(tmp_path: pathlib.Path) -> None:
@@ -26,3 +31,99 @@ def test_a_local_base_is_used_as_given(tmp_path: pathlib.Path) -> None:
     (tmp_path / "base").mkdir()
     local = str(tmp_path / "my-model")
     assert staged_base.model_dir(local, str(tmp_path / "base")) == local
+
+
+def _staging(tmp_path: pathlib.Path) -> tuple[pathlib.Path, str]:
+    stage = tmp_path / "shm" / "models" / "base"
+    stage.mkdir(parents=True)
+    (stage / "config.json").write_text("{}")
+    (tmp_path / "shm" / "models" / "base.files").touch()
+    return stage, "gs://bucket/models/gemma-4-31b"
+
+
+def test_the_trainer_starts_on_the_small_files_and_the_merge_does_not(tmp_path):
+    stage, url = _staging(tmp_path)
+    assert staged_base.model_dir(url, str(stage), before_weights=True) == str(stage)
+    assert staged_base.model_dir(url, str(stage)) == url  # the merge needs the weights
+    assert staged_base.weights_pending(str(stage), str(stage))
+    (tmp_path / "shm" / "models" / "base.staged").touch()
+    assert not staged_base.weights_pending(str(stage), str(stage))
+    assert not staged_base.weights_pending(url, str(stage))
+
+
+class FakeClock:
+    """sleep() moves the clock; `on_sleep` changes the markers as the startup script would."""
+
+    def __init__(self, on_sleep=None):
+        self.now, self.sleeps, self.on_sleep = 0.0, 0, on_sleep
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.sleeps += 1
+        if self.on_sleep is not None:
+            self.on_sleep(self.sleeps)
+
+    def clock(self) -> float:
+        return self.now
+
+
+def _wait(stage: pathlib.Path, clock: FakeClock, lines: list[str], **kwargs) -> None:
+    staged_base.wait_for_weights(
+        str(stage), log=lines.append, sleep=clock.sleep, clock=clock.clock, **kwargs
+    )
+
+
+def test_the_wait_ends_when_the_weights_are_staged(tmp_path):
+    stage, _ = _staging(tmp_path)
+    staging = tmp_path / "shm" / "models" / "base.staging"
+    staging.write_text(f"{os.getpid()}\n")  # a live process stages them
+
+    def script(sleeps: int) -> None:
+        if sleeps == 3:  # as staged() does: .staged first, then .staging goes
+            (tmp_path / "shm" / "models" / "base.staged").touch()
+            staging.unlink()
+
+    clock, lines = FakeClock(script), []
+    _wait(stage, clock, lines)
+    assert clock.sleeps == 3
+    assert lines == [
+        f"waiting for the base model's weights in {stage}: the startup script is still staging "
+        "them (the data is prepared and the step compiles meanwhile)"
+    ]
+
+
+def test_a_failed_staging_is_one_line_with_its_reason(tmp_path):
+    stage, _ = _staging(tmp_path)
+    (tmp_path / "shm" / "models" / "base.staging").write_text(f"{os.getpid()}\n")
+
+    def script(sleeps: int) -> None:
+        (tmp_path / "shm" / "models" / "base.failed").write_text(
+            "the weights stage stopped (/var/log/gemma4-startup.log on t1v-0)\n"
+        )
+
+    with pytest.raises(errors.UserError) as info:
+        _wait(stage, FakeClock(script), [])
+    assert str(info.value) == (
+        f"{stage}: the base model's weights did not arrive: the weights stage stopped "
+        "(/var/log/gemma4-startup.log on t1v-0); the next boot stages them again"
+    )
+
+
+def test_a_staging_process_that_died_is_not_waited_for(tmp_path):
+    stage, _ = _staging(tmp_path)
+    dead = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True, check=True)
+    (tmp_path / "shm" / "models" / "base.staging").write_text(dead.stdout)
+    with pytest.raises(errors.UserError, match="nothing is staging them"):
+        _wait(stage, FakeClock(), [])
+    (tmp_path / "shm" / "models" / "base.staging").unlink()  # no marker at all: the same
+    with pytest.raises(errors.UserError, match=r"no base\.staging naming a live process"):
+        _wait(stage, FakeClock(), [])
+
+
+def test_the_wait_has_a_bound(tmp_path):
+    stage, _ = _staging(tmp_path)
+    (tmp_path / "shm" / "models" / "base.staging").write_text(f"{os.getpid()}\n")
+    clock = FakeClock()
+    with pytest.raises(errors.UserError, match=r"not staged within 60 s .*PID \d+"):
+        _wait(stage, clock, [], timeout_s=60, poll_s=5)
+    assert 60 <= clock.now <= 70

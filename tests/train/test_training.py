@@ -119,6 +119,59 @@ def test_stages_from_boot_to_first_step_are_in_the_hosts_file_and_the_summary(re
     assert rows["first_step"]["start"] + rows["first_step"]["seconds"] <= time.time()
 
 
+def test_the_trainer_prepares_the_data_before_the_weights_arrive_and_waits_for_them(
+    config_for, tiny_model_dir, tmp_path
+):
+    """As on a new VM: the host is ready with the model's small files staged and the weights
+    still coming (`.files`, `.staging` naming a live process). The trainer prepares the data,
+    then waits (stage weights_wait) until `.staged`, loads and trains."""
+    import shutil
+
+    from workloads import stages
+    from workloads.train import trainer
+
+    stage = tmp_path / "shm" / "models" / "base"
+    stage.mkdir(parents=True)
+    weights = sorted(tiny_model_dir.glob("*.safetensors"))
+    for path in tiny_model_dir.iterdir():
+        if path not in weights:
+            shutil.copy(path, stage / path.name)
+    marker = pathlib.Path(f"{stage}.staging")
+    marker.write_text(f"{os.getpid()}\n")
+    pathlib.Path(f"{stage}.files").touch()
+    lines: list[str] = []
+
+    def startup_script() -> None:  # the rest of the download, 2 s after the trainer waits
+        wait_for(lambda: any("waiting for the base model's weights" in x for x in lines), 120)
+        time.sleep(2)
+        for path in weights:
+            shutil.copy(path, stage / path.name)
+        pathlib.Path(f"{stage}.staged").touch()
+        marker.unlink()
+
+    cfg = config_for(
+        tmp_path / "run",
+        model={"base": "gs://bucket/models/tiny", "stage_dir": str(stage)},
+        train={"max_steps": 2, "save_every": 2},
+    )
+    stages_file = tmp_path / "stages.jsonl"
+    os.environ[stages.STAGES_ENV] = str(stages_file)
+    staging = threading.Thread(target=startup_script, daemon=True)
+    staging.start()
+    try:
+        result = trainer.train(cfg, log=lines.append)
+    finally:
+        del os.environ[stages.STAGES_ENV]
+    staging.join(timeout=5)
+    assert result.final_step == 2
+    rows = {r["stage"]: r for r in stages.summarise(stages.read_records(str(stages_file)))}
+    assert list(rows) == ["data", "weights_wait", "load", "compile", "first_step"]
+    data, wait, load = rows["data"], rows["weights_wait"], rows["load"]
+    assert data["start"] + data["seconds"] <= wait["start"]
+    assert wait["seconds"] >= 2 and wait["state"] == "done"
+    assert wait["start"] + wait["seconds"] <= load["start"]
+
+
 def test_restarting_a_finished_run_changes_nothing(reference_run, config_for):
     from workloads.train import trainer
 

@@ -404,7 +404,7 @@ def _set_up(
 
     started = time.time()
     train_cfg = cfg.train
-    base = staged_base.model_dir(cfg.model.base, cfg.model.stage_dir)
+    base = staged_base.model_dir(cfg.model.base, cfg.model.stage_dir, before_weights=True)
     hf_config = model_lib.read_hf_config(base)
     model_lib.check_tp(model_lib.tunix_config_from_hf(hf_config), train_cfg.mesh.tp)
     mesh = model_lib.make_mesh(train_cfg.mesh.fsdp, train_cfg.mesh.tp)
@@ -497,6 +497,11 @@ def _set_up_locked(
     ahead = compile_ahead.start(
         cfg, hf_config, mesh, total_steps, kernel=uses_kernel(cfg, mesh), log=log
     )
+    # On a new VM the host is ready before its weights are whole: wait for them here, after the
+    # data and with the step compiling (workloads.staged_base).
+    if staged_base.weights_pending(str(model_dir), cfg.model.stage_dir):
+        with stage_log.stage("weights_wait"):
+            staged_base.wait_for_weights(cfg.model.stage_dir, log=log)
     log(
         f"loading {model_dir} ({cfg.model.dtype}) on mesh fsdp={train_cfg.mesh.fsdp} "
         f"tp={train_cfg.mesh.tp} ({jax.device_count()} {jax.devices()[0].platform} devices)"

@@ -613,11 +613,14 @@ download_model_from_hub() {
   token=$(gcloud secrets versions access latest --secret="$HF_SECRET" --project="$PROJECT")
   (
     export HF_TOKEN="$token" HF_XET_HIGH_PERFORMANCE=1
+    # The small files first (config, tokenizer: seconds), so the trainer can start on them.
+    retry 3 "$HUB_VENV/bin/hf" download "$HF_REPO" --local-dir "$STAGE_DIR" \
+      --max-workers "$HF_MAX_WORKERS" --exclude "*.safetensors"
+    touch "$STAGE_DIR.files"
     retry 3 "$HUB_VENV/bin/hf" download "$HF_REPO" --local-dir "$STAGE_DIR" \
       --max-workers "$HF_MAX_WORKERS"
   )
   token=""
-  touch "$STAGE_DIR.staged"
   STAGE_NOTE="from the hub ($HF_REPO)"
 }
 
@@ -668,6 +671,9 @@ wait_for_model_in_bucket() {
 }
 
 # The weights go to RAM-backed /dev/shm (the boot disk has no room), in parallel, once per VM.
+# Markers beside $STAGE_DIR, which the trainer reads (workloads/staged_base.py): .staging (the
+# staging shell's PID) while it runs, .files once the config and tokenizer are there (ready
+# waits for those only), .staged when the weights are whole, .failed (the reason) if it stopped.
 ensure_base_model() {
   local worker=$1
   if [ -f "$STAGE_DIR.staged" ]; then
@@ -675,6 +681,9 @@ ensure_base_model() {
     STAGE_NOTE="already staged"
     return 0
   fi
+  mkdir -p "$(dirname "$STAGE_DIR")"
+  rm -f "$STAGE_DIR.failed" "$STAGE_DIR.files"
+  printf '%s\n' "$BASHPID" >"$STAGE_DIR.staging"
   if ! gcs_exists "$MODEL_MARKER_URI"; then
     if [ "$DOWNLOAD_FROM_HUB" != true ]; then
       log "ERROR: no model at $MODEL_URI and no download from the hub (model.downloadFromHub, hfToken)"
@@ -682,15 +691,36 @@ ensure_base_model() {
     fi
     if [ "$worker" = 0 ]; then
       download_model_from_hub
+      staged
       return 0
     fi
     wait_for_model_in_bucket
   fi
   log "staging $MODEL_URI -> $STAGE_DIR"
   mkdir -p "$STAGE_DIR"
+  retry 3 gcloud storage rsync --recursive --exclude='.*\.safetensors$' "$MODEL_URI" "$STAGE_DIR"
+  touch "$STAGE_DIR.files"
   retry 3 gcloud storage rsync --recursive "$MODEL_URI" "$STAGE_DIR"
-  touch "$STAGE_DIR.staged"
+  staged
   STAGE_NOTE="from $MODEL_URI"
+}
+
+staged() {
+  touch "$STAGE_DIR.staged"
+  rm -f "$STAGE_DIR.staging"
+}
+
+# Ready waits for the model's small files only: the trainer prepares the data and compiles the
+# step while the weights arrive, and waits for $STAGE_DIR.staged before it loads them.
+wait_for_model_files() {
+  local job=$1
+  until [ -f "$STAGE_DIR.files" ] || [ -f "$STAGE_DIR.staged" ]; do
+    if ! kill -0 "$job" 2>/dev/null; then
+      log "ERROR: the weights stage ended before the model's config and tokenizer were staged"
+      return 1
+    fi
+    /bin/sleep 1
+  done
 }
 
 # After ready, on worker 0: what later VMs and boots reuse (the weights and the venv in the
@@ -719,9 +749,20 @@ uploads() {
   stage venv_upload upload_venv_archive
 }
 
+# A weights stage that stopped: its stage record ends failed and the trainer reads the reason.
+weights_stopped() {
+  stage_end false "the startup script stopped here"
+  if [ ! -f "$STAGE_DIR.staged" ]; then
+    printf 'the weights stage stopped (%s on %s)\n' "$LOG_FILE" "$(hostname)" >"$STAGE_DIR.failed"
+  fi
+  rm -f "$STAGE_DIR.staging"
+}
+
 # The weights and the venv stages run side by side (on a new VM each takes minutes; neither
-# needs the other): the weights in a background subshell, which records its own stage and whose
-# failure fails the boot before ready.
+# needs the other): the weights in a background subshell, which records its own stage. Ready
+# once the venv and the model's small files are there: the trainer starts while the weights
+# arrive (see wait_for_model_files); a weights stage that fails before ready fails the boot,
+# after ready it leaves $STAGE_DIR.failed for the waiting trainer.
 boot() {
   local worker weights_job
   begin
@@ -730,17 +771,23 @@ boot() {
   stage python ensure_python_and_uv
   ensure_shm
   (
-    trap 'stage_end false "the startup script stopped here"' EXIT
+    trap 'weights_stopped' EXIT
     stage weights ensure_base_model "$worker"
+    trap - EXIT
   ) &
   weights_job=$!
   stage venv ensure_venv
   write_env "GEMMA4_WORKER=$worker" "GEMMA4_ZONE=$(instance_zone)"
-  if ! wait "$weights_job"; then
+  if ! wait_for_model_files "$weights_job"; then
+    wait "$weights_job" || true
     log "ERROR: the weights stage failed (above); not ready"
     return 1
   fi
   finish
+  if ! wait "$weights_job"; then
+    log "ERROR: the weights stage failed (above); the trainer stops with its reason"
+    return 1
+  fi
   start_uploads "$worker"
 }
 

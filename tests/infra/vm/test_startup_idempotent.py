@@ -117,7 +117,7 @@ def test_training_staging_skips_a_complete_copy_and_redoes_an_interrupted_one(tm
         "model-00002-of-00002.safetensors",
     ]
     assert pathlib.Path(f"{stage}.staged").exists()
-    assert len(_calls(tmp, "storage rsync")) == 4
+    assert len(_calls(tmp, "storage rsync")) == 5  # the small files, then everything
 
     # Every later boot: nothing is copied, not even a bucket listing.
     before = len(_calls(tmp, ""))

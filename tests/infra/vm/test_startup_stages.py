@@ -54,23 +54,29 @@ case "$verb" in
       fi
       echo "network error" >&2; exit 1
     fi
-    args=()
-    for a in "$@"; do case "$a" in --*) ;; *) args+=("$a") ;; esac; done
+    args=() skip=no-such-file
+    for a in "$@"; do
+      case "$a" in --exclude=*safetensors*) skip='*.safetensors' ;; --*) ;; *) args+=("$a") ;; esac
+    done
     if [[ "${args[0]}" == gs://* ]]; then src=$(local_path "${args[0]}"); dst=${args[1]}
     else src=${args[0]}; dst=$(local_path "${args[1]}"); fi
     mkdir -p "$dst"
-    (cd "$src" && find . -path ./.cache -prune -o -type f -print | while read -r f; do
-      mkdir -p "$dst/$(dirname "$f")"; cp "$f" "$dst/$f"; done) ;;
+    (cd "$src" && find . -path ./.cache -prune -o -type f ! -name "$skip" -print |
+      while read -r f; do mkdir -p "$dst/$(dirname "$f")"; cp "$f" "$dst/$f"; done) ;;
   *) echo "fake gcloud: unexpected $verb" >&2; exit 2 ;;
 esac
 """
-# `hf download REPO --local-dir DIR ...`: two shards and a config, and what it was asked.
+# `hf download REPO --local-dir DIR ...`: two shards and a config (the config only with
+# `--exclude *.safetensors`), and what it was asked. FAKE_HF_SECONDS: the shards take that long;
+# a file $FAKE_GCS/fail-hf-shards makes the shards' download fail.
 FAKE_HF = r"""#!/bin/bash
-if [ -n "${FAKE_HF_SECONDS:-}" ]; then /bin/sleep "$FAKE_HF_SECONDS"; fi
 printf '%s HF_XET_HIGH_PERFORMANCE=%s\n' "$*" "${HF_XET_HIGH_PERFORMANCE:-}" >>"$FAKE_GCS/hf-calls"
 dir=$(printf '%s\n' "$@" | sed -n '/^--local-dir$/{n;p}')
 mkdir -p "$dir/.cache"
 echo '{"model_type": "gemma4"}' >"$dir/config.json"
+case "$*" in *"--exclude *.safetensors"*) exit 0 ;; esac
+if [ -n "${FAKE_HF_SECONDS:-}" ]; then /bin/sleep "$FAKE_HF_SECONDS"; fi
+if [ -e "$FAKE_GCS/fail-hf-shards" ]; then echo "network error" >&2; exit 1; fi
 echo shard1 >"$dir/model-00001-of-00002.safetensors"
 echo shard2 >"$dir/model-00002-of-00002.safetensors"
 """
@@ -215,10 +221,13 @@ def test_the_hub_download_is_fast_and_its_upload_runs_after_ready_marker_last(vm
     _fresh_venv(vm)
     rc, output = vm.run("ensure_uv; stage weights ensure_base_model 0")
     assert rc == 0, output
-    (hf_call,) = vm.calls("hf-calls")
-    assert f"--local-dir {vm.stage} --max-workers 16" in hf_call
+    files_call, hf_call = vm.calls("hf-calls")  # the small files first, then the rest
+    assert f"--local-dir {vm.stage} --max-workers 16 --exclude *.safetensors" in files_call
+    assert f"--local-dir {vm.stage} --max-workers 16 " in hf_call
     assert hf_call.endswith("HF_XET_HIGH_PERFORMANCE=1")
     assert pathlib.Path(f"{vm.stage}.staged").exists()
+    assert pathlib.Path(f"{vm.stage}.files").exists()
+    assert not pathlib.Path(f"{vm.stage}.staging").exists()
     # Nothing went to the bucket before ready.
     assert not any(c.startswith(("storage rsync", "storage cp")) for c in vm.calls())
     assert vm.rows()["weights"]["note"] == "from the hub (google/gemma-4-31B-it)"
@@ -248,7 +257,7 @@ def test_the_hub_download_is_fast_and_its_upload_runs_after_ready_marker_last(vm
     vm.new_vm()
     rc, output = vm.run("ensure_uv; stage weights ensure_base_model 0; start_uploads 0")
     assert rc == 0, output
-    assert len(vm.calls("hf-calls")) == 1
+    assert len(vm.calls("hf-calls")) == 2
     assert (vm.stage / "model-00002-of-00002.safetensors").read_text() == "shard2\n"
     assert vm.rows()["weights"]["note"] == "from gs://bucket/models/gemma-4-31b"
 
@@ -268,7 +277,7 @@ def test_the_hub_client_is_pinned_in_its_own_venv_and_kept_across_boots(vm):
     pathlib.Path(f"{vm.stage}.staged").unlink()  # the next boot downloads again ...
     rc, output = vm.run("ensure_uv; stage weights ensure_base_model 0")
     assert rc == 0, output
-    assert len(vm.calls("hf-calls")) == 2
+    assert len(vm.calls("hf-calls")) == 4  # two downloads of the small files, then the rest
     assert len(vm.calls("uv-calls")) == 1  # ... with the client it has
 
 
@@ -282,8 +291,10 @@ BOOT_ON_A_FAKE_VM = (
 )
 
 
-def test_the_weights_download_runs_beside_the_venv_install(vm):
-    rc, output = vm.run(f"export FAKE_HF_SECONDS=1; {BOOT_ON_A_FAKE_VM} boot")
+def test_the_weights_download_runs_beside_the_venv_install_and_ready_does_not_wait_for_it(vm):
+    """The shards take 3 s, the venv 1 s: ready comes once the venv and the small files are
+    there, and the boot then waits for the weights (the trainer waits for .staged)."""
+    rc, output = vm.run(f"export FAKE_HF_SECONDS=3; {BOOT_ON_A_FAKE_VM} boot")
     assert rc == 0, output
     rows = vm.rows()
     weights, venv = rows["weights"], rows["venv"]
@@ -293,7 +304,24 @@ def test_the_weights_download_runs_beside_the_venv_install(vm):
     weights_end = weights["start"] + weights["seconds"]
     venv_end = venv["start"] + venv["seconds"]
     assert weights["start"] < venv_end and venv["start"] < weights_end, rows
-    assert (vm.state / "ready").exists()
+    ready = (vm.state / "ready").stat().st_mtime
+    staged = pathlib.Path(f"{vm.stage}.staged").stat().st_mtime
+    assert venv_end <= ready + 0.5 and ready < staged - 1, (ready, staged, rows)
+    assert not pathlib.Path(f"{vm.stage}.staging").exists()
+    assert not pathlib.Path(f"{vm.stage}.failed").exists()
+
+
+def test_weights_that_fail_after_ready_leave_the_reason_for_the_trainer(vm):
+    (vm.root / "gcs" / "fail-hf-shards").touch()
+    rc, output = vm.run(f"{BOOT_ON_A_FAKE_VM} boot")
+    assert rc != 0, output
+    assert (vm.state / "ready").exists()  # the config and tokenizer came first
+    assert "the trainer stops with its reason" in output
+    failed = pathlib.Path(f"{vm.stage}.failed").read_text()
+    assert failed.startswith(f"the weights stage stopped ({vm.root / 'startup.log'} on ")
+    assert not pathlib.Path(f"{vm.stage}.staged").exists()
+    assert not pathlib.Path(f"{vm.stage}.staging").exists()
+    assert vm.rows()["weights"]["state"] == "failed"
 
 
 def test_a_failed_weights_stage_fails_the_boot_before_ready(vm):
@@ -305,6 +333,7 @@ def test_a_failed_weights_stage_fails_the_boot_before_ready(vm):
     assert rc != 0, output
     assert "the weights stage failed" in output
     assert not (vm.state / "ready").exists()
+    assert pathlib.Path(f"{vm.stage}.failed").exists()
     rows = vm.rows()
     assert rows["venv"]["state"] == "done"
     assert (rows["weights"]["state"], rows["weights"]["note"]) == (
@@ -331,7 +360,7 @@ def test_an_upload_cut_short_leaves_no_marker_and_the_next_vm_downloads_again(vm
     _fresh_venv(vm)
     rc, output = vm.run("ensure_uv; stage weights ensure_base_model 0")
     assert rc == 0, output
-    assert len(vm.calls("hf-calls")) == 2
+    assert len(vm.calls("hf-calls")) == 4  # two boots, each the small files then the rest
     assert not any(c.startswith("storage rsync gs://") for c in vm.calls())
     rc, output = vm.run("start_uploads 0")
     assert rc == 0, output
