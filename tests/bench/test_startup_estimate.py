@@ -55,10 +55,22 @@ def stages_of(measured, kind):
 
 
 def test_the_venv_restore_rate_comes_from_the_measurement():
-    restore = stages_of(MEASURED, "new-vm")["venv archive || weights GCS copy"]
+    restore = stages_of(MEASURED, "new-vm")["venv archive, trainer start, data"]
     assert "0.15 GB/s" in restore[3]
-    without = stages_of({}, "new-vm")["venv archive || weights GCS copy"]
+    without = stages_of({}, "new-vm")["venv archive, trainer start, data"]
     assert "not measured" in without[3]
+
+
+def test_a_new_vm_traces_the_step_while_the_bucket_copy_arrives():
+    new_vm = stages_of(MEASURED, "new-vm")
+    p = {k: v[0] for k, v in startup.PUBLIC.items()}
+    before = new_vm["venv archive, trainer start, data"][1:3]
+    _, low, high, source = new_vm["cached step || weights + load"]
+    for i, value in enumerate((low, high)):
+        gcs = startup.MODEL_GB / p["gcs_gbps"][::-1][i]
+        load_after = max(gcs, before[i]) + p["load_s"][i] - before[i]
+        assert value == max(p["cached_step_s"][i], load_after)
+    assert "begun beside the venv" in source
 
 
 def test_the_trainer_compiles_while_the_weights_arrive(monkeypatch):
