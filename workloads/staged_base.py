@@ -18,6 +18,7 @@ time anyway); the trainer waits for `.staged` before it loads the weights (`wait
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import time
@@ -78,16 +79,31 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def shards_present(stage_dir: str) -> str | None:
+    """`3 of 13 shard files present (14.6 GB)` from the staged index (one of the small files), or
+    None without one. A file counts once its name is there (the hub client writes elsewhere and
+    renames a finished file into place)."""
+    local = pathlib.Path(stage_dir.rstrip("/"))
+    try:
+        index = json.loads((local / "model.safetensors.index.json").read_text())
+        names = sorted(set(index["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    sizes = [(local / name).stat().st_size for name in names if (local / name).is_file()]
+    return f"{len(sizes)} of {len(names)} shard files present ({sum(sizes) / 1e9:.1f} GB)"
+
+
 def wait_for_weights(
     stage_dir: str,
     *,
     log: Callable[[str], None],
     timeout_s: float = WAIT_TIMEOUT_S,
     poll_s: float = 5.0,
+    progress_s: float = 60.0,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    """Returns once `<stage_dir>.staged` exists.
+    """Returns once `<stage_dir>.staged` exists; says what is there every `progress_s`.
 
     Raises:
         errors.UserError: the staging stopped (its reason from `.failed`), nothing is staging the
@@ -97,6 +113,7 @@ def wait_for_weights(
     failed = _marker(stage_dir, FAILED_SUFFIX)
     staging = _marker(stage_dir, STAGING_SUFFIX)
     started, announced = clock(), False
+    reported = started
     while not staged.is_file():
         if failed.is_file():
             reason = failed.read_text(errors="replace").strip() or "no reason given"
@@ -119,9 +136,18 @@ def wait_for_weights(
                 f"script, PID {pid}, is still at it)"
             )
         if not announced:
+            present = shards_present(stage_dir)
             log(
                 f"waiting for the base model's weights in {stage_dir}: the startup script is "
                 "still staging them (the data is prepared and the step compiles meanwhile)"
+                + (f"; {present}" if present else "")
             )
             announced = True
+        elif clock() - reported >= progress_s:
+            reported = clock()
+            present = shards_present(stage_dir)
+            log(
+                f"still waiting for the weights ({waited:.0f} s)"
+                + (f"; {present}" if present else "")
+            )
         sleep(poll_s)

@@ -4,6 +4,7 @@ trainer starts on its small files and waits, bounded, for the weights."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import subprocess
@@ -127,3 +128,33 @@ def test_the_wait_has_a_bound(tmp_path):
     with pytest.raises(errors.UserError, match=r"not staged within 60 s .*PID \d+"):
         _wait(stage, clock, [], timeout_s=60, poll_s=5)
     assert 60 <= clock.now <= 70
+
+
+def test_a_long_wait_says_what_is_there_every_minute(tmp_path):
+    stage, _ = _staging(tmp_path)
+    index = {"metadata": {}, "weight_map": {"a": "model-1.safetensors", "b": "model-2.safetensors"}}
+    (stage / "model.safetensors.index.json").write_text(json.dumps(index))
+    (stage / "model-1.safetensors").write_bytes(b"\0" * 1000)
+    staging = tmp_path / "shm" / "models" / "base.staging"
+    staging.write_text(f"{os.getpid()}\n")
+
+    def script(sleeps: int) -> None:
+        if sleeps == 30:  # 150 s
+            (tmp_path / "shm" / "models" / "base.staged").touch()
+
+    lines: list[str] = []
+    _wait(stage, FakeClock(script), lines, poll_s=5, progress_s=60)
+    assert lines[0].endswith("compiles meanwhile); 1 of 2 shard files present (0.0 GB)")
+    assert lines[1:] == [
+        "still waiting for the weights (60 s); 1 of 2 shard files present (0.0 GB)",
+        "still waiting for the weights (120 s); 1 of 2 shard files present (0.0 GB)",
+    ]
+
+
+def test_shards_present_needs_a_readable_index(tmp_path):
+    stage, _ = _staging(tmp_path)
+    assert staged_base.shards_present(str(stage)) is None  # not staged yet
+    (stage / "model.safetensors.index.json").write_text("{not json")
+    assert staged_base.shards_present(str(stage)) is None
+    (stage / "model.safetensors.index.json").write_text('{"weight_map": []}')
+    assert staged_base.shards_present(str(stage)) is None
