@@ -19,12 +19,11 @@ time anyway); the trainer waits for `.staged` before it loads the weights (`wait
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import time
 from collections.abc import Callable
 
-from workloads import errors, storage
+from workloads import errors, processes, storage
 
 STAGED_SUFFIX = ".staged"
 FILES_SUFFIX = ".files"
@@ -67,16 +66,6 @@ def _staging_pid(path: pathlib.Path) -> int | None:
     except OSError:
         return None
     return int(text) if text.isdigit() else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
 
 
 def shards_present(stage_dir: str) -> str | None:
@@ -122,14 +111,15 @@ def wait_for_weights(
                 "stages them again"
             )
         pid = _staging_pid(staging)
-        if pid is None or not _alive(pid):
+        if pid is None or not processes.alive(pid):
             if staged.is_file():  # finished between the two checks (.staged comes first)
                 break
             raise errors.UserError(
                 f"{stage_dir}: the weights are not staged and nothing is staging them (no "
                 f"{staging.name} naming a live process); the next boot stages them again"
             )
-        waited = clock() - started
+        now = clock()
+        waited = now - started
         if waited > timeout_s:
             raise errors.UserError(
                 f"{stage_dir}: the weights were not staged within {timeout_s:g} s (the startup "
@@ -143,8 +133,8 @@ def wait_for_weights(
                 + (f"; {present}" if present else "")
             )
             announced = True
-        elif clock() - reported >= progress_s:
-            reported = clock()
+        elif now - reported >= progress_s:
+            reported = now
             present = shards_present(stage_dir)
             log(
                 f"still waiting for the weights ({waited:.0f} s)"

@@ -260,9 +260,9 @@ class HashingWriter:
     small pool of buffers is reused, so memory stays a few blocks whatever the file size.
     """
 
-    def __init__(self, path: pathlib.Path, buffers: int = 2, algorithm: str | None = None):
+    def __init__(self, path: pathlib.Path, buffers: int = 2):
         self._handle = open(path, "wb", buffering=0)  # noqa: SIM115 - closed by close()/abort()
-        self.algorithm = algorithm or digest.default_algorithm()
+        self.algorithm = digest.default_algorithm()
         self._hash = digest.new(self.algorithm)
         self.bytes = 0
         self._free: queue.Queue[np.ndarray] = queue.Queue()

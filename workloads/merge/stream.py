@@ -35,7 +35,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from workloads import digest, errors, logs, runconfig, storage
+from workloads import digest, errors, logs, processes, runconfig, storage
 from workloads.merge import blas, mapping, shard_worker
 from workloads.merge import safetensors_io as st
 from workloads.merge.shard_worker import BLOCK_BYTES, ShardPlan
@@ -184,7 +184,7 @@ class _LocalSink:
         for marker in (_TMP_MARK, _OLD_MARK):
             for path in self.out.parent.glob(f".{self.out.name}{marker}{host}-*"):
                 pid = path.name.rsplit("-", 1)[-1]
-                if pid.isdigit() and not _alive(int(pid)):
+                if pid.isdigit() and not processes.alive(int(pid)):
                     self._log(f"removing {path} left by an interrupted merge")
                     shutil.rmtree(path, ignore_errors=True)
 
@@ -254,16 +254,6 @@ class _RemoteSink:
 
     def abort(self) -> None:
         pass  # uploaded shards without an index are not a complete-looking output
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _write_synced(path: pathlib.Path, data: bytes) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import json
-import os
 import pathlib
 import time
 from collections.abc import Callable, Iterable
@@ -137,12 +136,6 @@ def read_metadata(model_dir: str) -> dict[str, dict[str, Any]]:
     return files
 
 
-def checksum_of(path: str | os.PathLike[str], entry: dict[str, Any]) -> str:
-    """The file's checksum with the algorithm its metadata entry names."""
-    algorithm, _ = _want(entry)
-    return digest.of_file(path, algorithm)[0]
-
-
 def _want(entry: dict[str, Any]) -> tuple[str, str]:
     want = digest.expected(entry)
     assert want is not None  # read_metadata refused entries without one
@@ -180,11 +173,11 @@ def verify_local(model_dir: str, *, workers: int = 16) -> None:
             raise StagingError(
                 f"{path}: {path.stat().st_size} bytes, merge_metadata.json says {entry['bytes']}"
             )
-    digests = parallel_map(
-        lambda name: checksum_of(pathlib.Path(model_dir, name), files[name]), files, workers
+    checked = parallel_map(
+        lambda name: digest.matches(pathlib.Path(model_dir, name), files[name]), files, workers
     )
-    for name, got in sorted(digests.items()):
-        if got != _want(files[name])[1]:
+    for name, (ok, got) in sorted(checked.items()):
+        if not ok:
             raise StagingError(_mismatch(str(pathlib.Path(model_dir, name)), files[name], got))
 
 
@@ -242,7 +235,7 @@ def stage_model(src: str, dest: str, *, workers: int = 16) -> StageReport:
         known = stamp.get(rel)
         if known and known == _stamp_entry(path, files[rel]):
             return True
-        if checksum_of(path, files[rel]) == _want(files[rel])[1]:
+        if digest.matches(path, files[rel])[0]:
             stamp[rel] = _stamp_entry(path, files[rel])
             return True
         return False
@@ -265,8 +258,8 @@ def stage_model(src: str, dest: str, *, workers: int = 16) -> StageReport:
             storage.download_file(_child(src, rel), str(target))
             if rel not in files:
                 return None
-            got = checksum_of(target, files[rel])
-            if got == _want(files[rel])[1]:
+            ok, got = digest.matches(target, files[rel])
+            if ok:
                 stamp[rel] = _stamp_entry(target, files[rel])
                 return None
             if attempt == 1:
