@@ -9,7 +9,7 @@ asked for (and each repeat):
 
 - cp: `cp` of the base's safetensors files to the same scratch directory, then fsync of every copy
   (the merge fsyncs its shards: both numbers are bytes on stable storage), timed right before
-- streamed: `workloads.merge.merge_lora` with that many worker processes (restore LoRA, then the
+- streamed: `workloads.merge.merge_lora` with that many worker threads (restore LoRA, then the
   streaming pass: read, merge, checksum, write, fsync, index last), in its own process so that peak
   RSS is its alone;
 
@@ -58,8 +58,8 @@ def peak_rss() -> int:
 
 
 def cpu_seconds() -> float:
-    """CPU time (user + system) of this process and of its children that have exited: the
-    merge's worker processes, or `cp`."""
+    """CPU time (user + system) of this process (all its threads) and of its children that have
+    exited (`cp`)."""
     import resource
 
     own, children = (
@@ -252,7 +252,6 @@ def worker_streamed(base: str, run: str, out: str, shard_size: str, workers: int
         "stream_seconds": result.seconds,
         "peak_rss": peak_rss(),
         "idle_rss": idle,
-        "worker_peak_rss": result.worker_peak_rss_bytes,
         "workers": result.workers,
         "files": len(result.shards),
     }
@@ -559,7 +558,7 @@ def main() -> int:
                 "merge / cp",
                 "whole merge s",
                 "CPU s/GB: merge pass (whole), cp",
-                "peak RSS GiB (main + per worker)",
+                "peak RSS GiB",
                 "load avg",
             )
         ]
@@ -583,7 +582,7 @@ def main() -> int:
                         f"{last['seconds']:.1f}",
                         f"{last['stream_cpu_seconds'] / gb:.2f} ({last['cpu_seconds'] / gb:.2f}), "
                         f"{cp_cpu / gb:.2f}",
-                        f"{last['peak_rss'] / 2**30:.2f} + {last['worker_peak_rss'] / 2**30:.2f}",
+                        f"{last['peak_rss'] / 2**30:.2f}",
                         f"{load:.1f}",
                     )
                 )

@@ -316,7 +316,7 @@ from workloads.merge import stream
 real = stream._LocalSink.finish
 def finish_then_die(self, name):
     real(self, name)
-    os._exit(137)  # a hard crash: no cleanup, no exception handlers, workers still running
+    os._exit(137)  # a hard crash: no cleanup, no exception handlers, other shards being written
 stream._LocalSink.finish = finish_then_die
 from workloads import cli
 sys.exit(cli.main(sys.argv[1:]))
@@ -339,7 +339,7 @@ def processes_with_files_in(directory: pathlib.Path) -> list[int]:
 
 
 def test_streamed_targets_are_bit_identical_to_a_naive_whole_tensor_merge(lora_run, merged):
-    """The default merge (worker processes, blocks of rows) against the paper's approach: every
+    """The default merge (one thread per core, blocks of rows) against the paper's approach: every
     tensor loaded whole, float32(weight) + the whole delta, cast back."""
     import safetensors.numpy
 
@@ -380,7 +380,7 @@ def test_a_killed_merge_leaves_nothing_that_looks_complete(lora_run, tmp_path):
     assert not out.exists()
     leftovers = [p for p in tmp_path.iterdir() if p.name.startswith(".out.merge-tmp-")]
     assert len(leftovers) == 1 and not (leftovers[0] / st.INDEX_FILE).exists()
-    # The worker processes died with it: nothing holds a file of the dead merge open.
+    # Its threads died with it: nothing holds a file of the dead merge open.
     deadline = time.monotonic() + 10
     while (writers := processes_with_files_in(leftovers[0])) and time.monotonic() < deadline:
         time.sleep(0.1)

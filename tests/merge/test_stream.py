@@ -88,7 +88,7 @@ def some_deltas(scale=0.5):
 def run(base, out, deltas=None, **kw):
     kw.setdefault("shard_size", 3000)
     kw.setdefault("overwrite", False)
-    kw.setdefault("workers", 1)  # in this process; the tests of worker processes pass more
+    kw.setdefault("workers", 1)  # one job at a time; the tests of parallel jobs pass more
     return stream.stream_merge(
         st.read_layout(str(base)),
         some_deltas() if deltas is None else deltas,
@@ -291,19 +291,19 @@ def test_a_write_error_in_the_writer_thread_reaches_the_caller(tmp_path, monkeyp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]
 
 
-def test_worker_processes_write_the_same_bytes_as_one_in_process_job(tmp_path):
+def test_parallel_threads_write_the_same_bytes_as_one_job_at_a_time(tmp_path):
     write_base(tmp_path / "base")
     one = run(tmp_path / "base", tmp_path / "one", workers=1)
     two = run(tmp_path / "base", tmp_path / "two", workers=2)
-    assert (one.workers, two.workers) == (1, 2) and two.worker_peak_rss_bytes > 0
-    assert two.cpu_seconds > 0  # the workers' CPU time is counted
+    assert (one.workers, two.workers) == (1, 2)
+    assert two.cpu_seconds > 0
     names = sorted(os.listdir(tmp_path / "one"))
     assert names == sorted(os.listdir(tmp_path / "two")) and len(one.shards) >= 3
     for name in names:  # the shards, their checksums in merge_metadata.json, the index
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
 
 
-def test_a_failing_worker_process_fails_the_merge_and_leaves_nothing(tmp_path):
+def test_a_failing_job_among_parallel_ones_fails_the_merge_and_leaves_nothing(tmp_path):
     write_base(tmp_path / "base")
     layout = st.read_layout(str(tmp_path / "base"))
     damaged = layout.tensors[Q]  # the base file loses its tail after the headers were read
@@ -325,7 +325,7 @@ def test_a_failing_worker_process_fails_the_merge_and_leaves_nothing(tmp_path):
 
 def test_a_realistic_target_is_bit_identical_to_a_whole_tensor_merge(tmp_path):
     """A 31B-like q_proj slice (rows not a multiple of the delta's blocks, rank 64) merged in
-    worker processes, in blocks of rows, equals the naive merge of the whole tensor at once."""
+    parallel threads, in blocks of rows, equals the naive merge of the whole tensor at once."""
     rows, cols, rank = 2 * mapping.ROW_BLOCK + 52, 5376, 64
     rng = np.random.default_rng(3)
     weight = (0.02 * rng.standard_normal((rows, cols), dtype=np.float32)).astype(BF16)
@@ -438,3 +438,38 @@ def test_a_base_target_holding_nan_is_refused(tmp_path):
     with pytest.raises(errors.UserError, match=message):
         run(tmp_path / "base", tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]
+
+
+def test_every_blas_call_of_the_pass_runs_on_one_thread_and_the_setting_is_given_back(
+    tmp_path, monkeypatch
+):
+    """The jobs' threads call numpy's BLAS themselves; the pass holds it at one thread for its
+    whole length (a job's own pin, entered and left while another job computes, must not undo
+    it), so a delta's bits never depend on a BLAS thread count; the caller's setting returns."""
+    import threading
+
+    from workloads.merge import blas
+
+    calls = blas._openblas_calls()
+    assert calls, "numpy's OpenBLAS was not found"
+    saved = [int(getter()) for _, getter in calls]
+    seen = []
+    real = blas.sgemm_accumulate
+
+    def observed(left, right, out):
+        seen.append(([int(getter()) for _, getter in calls], threading.current_thread().name))
+        real(left, right, out)
+
+    monkeypatch.setattr(blas, "sgemm_accumulate", observed)
+    for setter, _ in calls:
+        setter(2)
+    try:
+        write_base(tmp_path / "base")
+        run(tmp_path / "base", tmp_path / "out", workers=2, shard_size=1)  # a shard per tensor
+        after = [int(getter()) for _, getter in calls]
+    finally:
+        for (setter, _), count in zip(calls, saved, strict=True):
+            setter(count)
+    assert seen and all(counts == [1] * len(calls) for counts, _ in seen)
+    assert all(name.startswith("merge-shard") for _, name in seen)
+    assert after == [2] * len(calls)

@@ -67,9 +67,8 @@ class MergeResult:
         copied_tensors: tensors copied bit for bit.
         seconds: wall time of the streaming pass.
         peak_rss_bytes: the process's peak resident memory so far.
-        workers: shards written at once (1: in this process, else worker processes).
-        worker_peak_rss_bytes: the largest peak resident memory of a worker process (0: none).
-        cpu_seconds: CPU time (user + system, all processes) of the streaming pass.
+        workers: shards written at once (threads of this process).
+        cpu_seconds: CPU time (user + system, all threads) of the streaming pass.
         notes: one line each about what the adapters leave out (a target with no factors).
     """
 
@@ -85,7 +84,6 @@ class MergeResult:
     seconds: float
     peak_rss_bytes: int
     workers: int = 1
-    worker_peak_rss_bytes: int = 0
     cpu_seconds: float = 0.0
     notes: tuple[str, ...] = ()
 
@@ -101,11 +99,6 @@ class MergeResult:
             f"{self.seconds:.1f} s ({self.gb_per_s:.2f} GB/s, {self.workers} worker(s), "
             f"{self.cpu_seconds / max(self.tensor_bytes / 1e9, 1e-9):.1f} CPU s/GB), peak RSS "
             f"{self.peak_rss_bytes / 2**30:.2f} GiB"
-            + (
-                f" (+ {self.worker_peak_rss_bytes / 2**30:.2f} GiB per worker)"
-                if self.worker_peak_rss_bytes
-                else ""
-            )
         ) + "".join(f"\nnote: {note}" for note in self.notes)
 
 
@@ -183,10 +176,8 @@ def merge_lora(
         progress: show a progress bar over bytes and tensors on stderr.
         staging_dir: local scratch for gs:// input/output (default $TMPDIR; /dev/shm on TPU VMs).
         rules: the Tunix -> HF mapping (mapping.RULES); tests inject corrupted ones.
-        workers: shards merged at once in worker processes; None = one per core (capped by the
-            shards and the memory); 1 = in this process. The workers are spawned: a script that
-            calls this needs the usual `if __name__ == "__main__":` guard (`python -m workloads`
-            and `python -c` need none).
+        workers: shards merged at once, each in a thread of this process; None = one per
+            core (capped by the shards and the memory).
 
     Returns:
         A MergeResult.
@@ -258,7 +249,6 @@ def merge_lora(
         seconds=stats.seconds,
         peak_rss_bytes=peak_rss_bytes(),
         workers=stats.workers,
-        worker_peak_rss_bytes=stats.worker_peak_rss_bytes,
         cpu_seconds=stats.cpu_seconds,
         notes=tuple(notes),
     )

@@ -3,9 +3,9 @@
 A BLAS rounds a matrix product differently depending on how many threads share it (measured with
 numpy's OpenBLAS: the same 512-row LoRA delta on 1 and on 2 threads differs in the last bit of
 some elements, enough to flip the bf16 rounding of a merged weight). The merge therefore computes
-every delta on one BLAS thread and gets its parallelism from worker processes instead; a worker
-gets the setting from its environment before it loads numpy, this process through the BLAS's
-own call (threadpoolctl does the same; it is not a dependency of the project).
+every delta on one BLAS thread and gets its parallelism from its own threads instead, each of
+which calls the BLAS on itself; the setting goes through the BLAS's own call (threadpoolctl does
+the same; it is not a dependency of the project).
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-# Environment variables a BLAS reads once, when it is loaded.
-THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 # OpenBLAS's own calls, under the names its builds export (numpy's wheels: scipy_openblas64_).
 _PREFIXES = ("openblas", "scipy_openblas")
 _SUFFIXES = ("", "64_", "_64")
@@ -71,22 +69,6 @@ def single_threaded() -> Iterator[bool]:
     finally:
         for (setter, _), count in zip(calls, saved, strict=True):
             setter(count)
-
-
-@contextlib.contextmanager
-def single_threaded_children() -> Iterator[None]:
-    """Processes started inside the block load their BLAS with one thread (from the
-    environment); this process's own BLAS, already loaded, is not affected."""
-    saved = {name: os.environ.get(name) for name in THREAD_VARS}
-    os.environ.update(dict.fromkeys(THREAD_VARS, "1"))
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 # cblas enums (cblas.h): row-major storage, no transpose.

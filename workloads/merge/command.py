@@ -46,7 +46,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--workers",
         type=int,
         default=None,
-        help="shards merged at once, each in its own process (default: one per CPU core, at most "
+        help="shards merged at once, each in its own thread (default: one per CPU core, at most "
         "one per shard)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

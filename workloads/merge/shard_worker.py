@@ -1,4 +1,4 @@
-"""Writes one output shard of the merge; stream.py runs one of these per shard in worker processes.
+"""Writes one output shard of the merge; stream.py runs one of these per shard in its threads.
 
 A shard is written in one pass: its header (planned from the base headers, so every offset is
 known), then each tensor streamed from the base file into it. A tensor without a LoRA delta is a
@@ -9,21 +9,15 @@ file is fsynced.
 
 Memory of one shard job: one block of rows in float32 and in the base dtype, the writer's two
 buffers and the LoRA factors of the shard's own targets, whatever the shard or model size.
-
-In a worker process, `init_process` arranges that the worker dies with the merge process (a
-killed merge leaves no worker writing behind it) and counts progress in shared counters.
 """
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
-import os
 import pathlib
-import signal
 import threading
 from collections.abc import Iterator, Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -50,7 +44,7 @@ class ShardPlan:
 
 @dataclasses.dataclass(frozen=True)
 class ShardTask:
-    """Everything a worker needs to write one shard (pickled to a worker process).
+    """Everything a job needs to write one shard.
 
     Attributes:
         plan: the shard.
@@ -69,14 +63,12 @@ class ShardTask:
 
 @dataclasses.dataclass(frozen=True)
 class ShardResult:
-    """A written shard: its checksum (and the checksum's algorithm), its size and the peak RSS of
-    the process that wrote it."""
+    """A written shard: its checksum (and the checksum's algorithm) and its size."""
 
     name: str
     digest: str
     algorithm: str
     bytes: int
-    peak_rss_bytes: int
 
 
 class Progress(Protocol):
@@ -84,7 +76,7 @@ class Progress(Protocol):
 
 
 class ThreadProgress:
-    """Bytes and tensors written so far, for shard jobs running in this process."""
+    """Bytes and tensors written so far, for shard jobs running in threads of this process."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -98,23 +90,6 @@ class ThreadProgress:
     def read(self) -> tuple[int, int]:
         with self._lock:
             return self.bytes, self.tensors
-
-
-class SharedProgress:
-    """The same counters in shared memory, written by worker processes (multiprocessing.Value)."""
-
-    def __init__(self, nbytes: Any, tensors: Any):
-        self._bytes, self._tensors = nbytes, tensors
-
-    def add(self, nbytes: int, tensors: int) -> None:
-        with self._bytes.get_lock():
-            self._bytes.value += nbytes
-        if tensors:
-            with self._tensors.get_lock():
-                self._tensors.value += tensors
-
-    def read(self) -> tuple[int, int]:
-        return int(self._bytes.value), int(self._tensors.value)
 
 
 class Workspace:
@@ -242,39 +217,6 @@ def write_shard(
         writer.abort()
         raise
     return writer.close(), writer.algorithm, writer.bytes
-
-
-# ---------------------------------------------------------------------------------------------
-# Worker processes.
-
-_PROGRESS: SharedProgress | None = None
-_PR_SET_PDEATHSIG = 1
-
-
-def init_process(parent: int, nbytes: Any, tensors: Any) -> None:
-    """Initializer of a worker process: dies with the merge process, counts into shared memory."""
-    global _PROGRESS
-    _PROGRESS = SharedProgress(nbytes, tensors)
-    try:  # Linux: SIGKILL when the parent dies, however it dies
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
-
-
-def run_in_process(task: ShardTask) -> ShardResult:
-    """A worker process's job: one shard, from its own handles on the base files."""
-    from workloads.merge import peak_rss_bytes
-
-    assert _PROGRESS is not None, "init_process did not run"
-    source = st.Source(task.layout)
-    try:
-        checksum, algorithm, size = write_shard(task, source, _PROGRESS)
-    finally:
-        source.close()
-    return ShardResult(task.plan.name, checksum, algorithm, size, peak_rss_bytes())
 
 
 def shard_layout(layout: st.Layout, plan: ShardPlan) -> st.Layout:
