@@ -87,6 +87,59 @@ class _HexCrc:
         return str(self._checksum.digest().hex())
 
 
+# CRC-32C's polynomial, bit-reflected (the order in which the CRC consumes bits).
+_CRC32C_POLY = 0x82F63B78
+
+
+def _crc_multiply(a: int, b: int) -> int:
+    """a * b modulo CRC-32C's polynomial, both reflected 32-bit polynomials."""
+    product, bit = 0, 1 << 31
+    while a:
+        if a & bit:
+            product ^= b
+            a ^= bit
+        bit >>= 1
+        b = (b >> 1) ^ _CRC32C_POLY if b & 1 else b >> 1
+    return product
+
+
+def _x_to_the(bits: int) -> int:
+    """x**bits modulo the polynomial (reflected), by squaring: O(log bits) multiplications."""
+    result, power = 1 << 31, 1 << 30  # x**0 and x**1
+    while bits:
+        if bits & 1:
+            result = _crc_multiply(power, result)
+        power = _crc_multiply(power, power)
+        bits >>= 1
+    return result
+
+
+def crc32c_combine(first: str, second: str, second_bytes: int) -> str:
+    """The CRC-32C of A followed by B, from CRC(A), CRC(B) and len(B) (hex digests), without the
+    data: the merge's workers checksum adjacent pieces of one shard in parallel, and the shard's
+    checksum is their combination. CRC(A + B) = CRC(A) * x**(8 len B) + CRC(B) modulo the
+    polynomial, for CRC-32C's initial value and final inversion alike (they cancel out)."""
+    shifted = _crc_multiply(_x_to_the(8 * second_bytes), int(first, 16))
+    return f"{shifted ^ int(second, 16):08x}"
+
+
+def combine(algorithm: str, pieces: list[tuple[str, int]]) -> str:
+    """The checksum of a file from the checksums of its consecutive pieces, (hex, bytes) in file
+    order. sha256 cannot be combined: a sha256 file is checksummed in one piece.
+
+    Raises:
+        ValueError: no pieces, or several for an algorithm that cannot combine them.
+    """
+    if not pieces:
+        raise ValueError("no pieces to combine")
+    if algorithm != CRC32C and len(pieces) > 1:
+        raise ValueError(f"{algorithm} cannot combine {len(pieces)} pieces' checksums")
+    total = pieces[0][0]
+    for hexdigest, size in pieces[1:]:
+        total = crc32c_combine(total, hexdigest, size)
+    return total
+
+
 def record(algorithm: str, hexdigest: str, size: int) -> dict[str, Any]:
     """The entry merge_metadata.json keeps for a shard: {"crc32c" or "sha256": hex, "bytes": n}."""
     return {algorithm: hexdigest, "bytes": size}

@@ -18,6 +18,10 @@ def hexdigest(algorithm: str, *chunks) -> str:
     return running.hexdigest()
 
 
+def crc(data: bytes) -> str:
+    return hexdigest(digest.CRC32C, data)
+
+
 def test_crc32c_is_castagnolis_and_runs_in_c_here():
     # The check value of CRC-32C (RFC 3720, appendix B.4), the checksum Cloud Storage keeps.
     assert hexdigest(digest.CRC32C, b"123456789") == "e3069283"
@@ -50,3 +54,34 @@ def test_a_file_is_read_to_its_end(tmp_path):
     data = b"x" * (3 * 16 * 2**20 + 5)  # more than one read chunk
     path.write_bytes(data)
     assert digest.of_file(path, digest.CRC32C) == (hexdigest(digest.CRC32C, data), len(data))
+
+
+@pytest.mark.parametrize(
+    "sizes", [(0, 0), (0, 7), (7, 0), (1, 1), (1000, 3), (4096, 65_537), (3, 5, 0, 1 << 20, 11)]
+)
+def test_pieces_checksums_combine_into_the_whole_files(sizes):
+    """The merge's workers checksum adjacent parts of a shard; the combination is the CRC-32C of
+    the concatenation, computed here by the C extension over the whole bytes."""
+    rng = np.random.default_rng(sum(sizes))
+    pieces = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes]
+    combined = digest.combine(digest.CRC32C, [(crc(p), len(p)) for p in pieces])
+    assert combined == crc(b"".join(pieces))
+
+
+def test_a_piece_of_five_gigabytes_combines_without_its_bytes():
+    """The length enters only through x**(8 len) modulo the polynomial: a 5 GB shard's last part
+    is combined in microseconds. Zeros extend a CRC the same way whatever came before, which
+    gives an independent check: CRC(A + zeros) from the C extension is CRC(A) combined with
+    CRC(zeros)."""
+    head = b"header bytes"
+    zeros = bytes(1 << 26)
+    assert digest.combine(digest.CRC32C, [(crc(head), len(head)), (crc(zeros), len(zeros))]) == (
+        crc(head + zeros)
+    )
+    assert digest.crc32c_combine("00000000", "00000000", 5 * 10**9) == "00000000"
+
+
+def test_sha256_is_not_combined():
+    with pytest.raises(ValueError, match="sha256 cannot combine 2 pieces"):
+        digest.combine(digest.SHA256, [("a", 1), ("b", 1)])
+    assert digest.combine(digest.SHA256, [("ab", 2)]) == "ab"

@@ -66,3 +66,23 @@ def test_the_real_sync_file_range_is_found_on_linux(tmp_path):
     assert st._sync_file_range() is not None
     data = np.arange(1 << 20, dtype=np.uint8)
     assert write_blocks(tmp_path / "f", data, 1 << 18) == crc(b"header" + data.tobytes())
+
+
+def test_a_writer_at_an_offset_fills_its_range_and_checksums_only_it(tmp_path, monkeypatch):
+    """The merge's parts: two writers fill one file, each from its offset, neither truncating
+    what the other wrote; each checksum is its own range's, and their combination the file's."""
+    calls = []
+    monkeypatch.setattr(st, "_sync_file_range", lambda: lambda *args: calls.append(args))
+    path = tmp_path / "shard"
+    path.write_bytes(b"")
+    data = np.random.default_rng(3).integers(0, 256, 50_000, dtype=np.uint8)
+    second = st.HashingWriter(path, offset=20_000)  # the later part may start first
+    second.write(data[20_000:].tobytes())
+    late = second.close(sync=False)
+    first = st.HashingWriter(path, offset=0)
+    first.write(data[:20_000].tobytes())
+    early = first.close(sync=False)
+    assert path.read_bytes() == data.tobytes()
+    assert (early, late) == (crc(data[:20_000].tobytes()), crc(data[20_000:].tobytes()))
+    assert digest.combine("crc32c", [(early, 20_000), (late, 30_000)]) == crc(data.tobytes())
+    assert [(offset, nbytes) for _, offset, nbytes, _ in calls] == [(20_000, 30_000), (0, 20_000)]

@@ -14,8 +14,8 @@ import pytest
 import safetensors.numpy
 from safetensors import safe_open
 
-from workloads import errors, storage
-from workloads.merge import mapping, shard_worker, stream
+from workloads import digest, errors, storage
+from workloads.merge import mapping, parts, shard_worker, stream
 from workloads.merge import safetensors_io as st
 
 BF16 = ml_dtypes.bfloat16
@@ -159,15 +159,15 @@ def test_non_empty_output_is_refused_unless_overwrite(tmp_path):
 
 def test_a_failure_mid_merge_leaves_no_output_and_no_temporary_files(tmp_path, monkeypatch):
     write_base(tmp_path / "base")
-    real, calls = shard_worker.write_shard, []
+    real, calls = shard_worker.write_part, []
 
-    def failing(task, *args):
-        calls.append(task.plan.name)
+    def failing(part, *args):
+        calls.append(part.shard)
         if len(calls) == 2:
             raise OSError("disk full")
-        return real(task, *args)
+        return real(part, *args)
 
-    monkeypatch.setattr(shard_worker, "write_shard", failing)
+    monkeypatch.setattr(shard_worker, "write_part", failing)
     with pytest.raises(OSError, match="disk full"):
         run(tmp_path / "base", tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]
@@ -272,8 +272,8 @@ def test_a_write_error_in_the_writer_thread_reaches_the_caller(tmp_path, monkeyp
     write_base(tmp_path / "base")
     real = st.HashingWriter.__init__
 
-    def init(self, path, buffers=2):
-        real(self, path, buffers)
+    def init(self, path, *args, **kwargs):
+        real(self, path, *args, **kwargs)
         handle = self._handle
 
         class Full:
@@ -473,3 +473,32 @@ def test_every_blas_call_of_the_pass_runs_on_one_thread_and_the_setting_is_given
     assert seen and all(counts == [1] * len(calls) for counts, _ in seen)
     assert all(name.startswith("merge-shard") for _, name in seen)
     assert after == [2] * len(calls)
+
+
+def test_parts_of_shards_written_by_two_workers_give_the_same_files(tmp_path, monkeypatch):
+    """Shards cut into parts smaller than a tensor (targets between row blocks, copies anywhere)
+    and written at their offsets by two threads: the same shards, checksums and index as
+    one job writing each shard whole."""
+    write_base(tmp_path / "base")
+    monkeypatch.setattr(stream, "MIN_PART_BYTES", 1)
+    monkeypatch.setattr(parts, "COPY_GRAIN", 64)
+    layout = st.read_layout(str(tmp_path / "base"))
+    plans = stream.plan_shards(layout, 6000, {"format": "pt"})
+    cuts = [
+        p
+        for plan in plans
+        for p in parts.plan_parts(
+            plan, "x", layout, some_deltas(), stream.part_size(layout.total_bytes, 2, 6000), 1024
+        )
+    ]
+    split = {piece.info.name for p in cuts for piece in p.pieces if not piece.last}
+    assert Q in split and len(split) >= 3, "some tensors, a target among them, span parts"
+    one = run(tmp_path / "base", tmp_path / "one", workers=1, shard_size=6000)
+    two = run(tmp_path / "base", tmp_path / "two", workers=2, shard_size=6000, block_bytes=1024)
+    assert two.workers == 2 and len(two.shards) == len(one.shards) >= 2
+    names = sorted(os.listdir(tmp_path / "one"))
+    assert names == sorted(os.listdir(tmp_path / "two"))
+    for name in names:  # the shards, their checksums in merge_metadata.json, the index
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+    for name, entry in two.shards.items():
+        assert digest.matches(tmp_path / "two" / name, entry) == (True, entry["crc32c"])

@@ -252,7 +252,8 @@ def _start_writeback(fd: int, offset: int, nbytes: int) -> None:
 
 class HashingWriter:
     """Writes a file sequentially while computing its checksum (workloads.digest; no second read
-    of a 5 GB shard).
+    of a 5 GB shard): from its start into a new file, or from `offset` on into an existing file
+    that other writers fill elsewhere (the checksum is then that of the bytes written here).
 
     Checksumming and writing run in a background thread (both release the GIL), overlapping with
     the caller computing the next block. The caller fills buffers the writer lends it
@@ -260,14 +261,28 @@ class HashingWriter:
     small pool of buffers is reused, so memory stays a few blocks whatever the file size.
     """
 
-    def __init__(self, path: pathlib.Path, buffers: int = 2):
-        self._handle = open(path, "wb", buffering=0)  # noqa: SIM115 - closed by close()/abort()
+    def __init__(
+        self,
+        path: pathlib.Path,
+        buffers: int = 2,
+        offset: int | None = None,
+        pool: list[np.ndarray] | None = None,
+    ):
+        """`pool`: buffers to lend (a job's earlier writer's; fresh pages cost page faults),
+        refilled with the writer's buffers when it closes."""
+        # Closed by close()/abort(). An existing file is never truncated: other processes may be
+        # writing other parts of it.
+        self._handle = open(path, "wb" if offset is None else "r+b", buffering=0)  # noqa: SIM115
+        self._start = offset or 0
+        if offset:
+            self._handle.seek(offset)
         self.algorithm = digest.default_algorithm()
         self._hash = digest.new(self.algorithm)
         self.bytes = 0
+        self._pool = pool if pool is not None else []
         self._free: queue.Queue[np.ndarray] = queue.Queue()
-        for _ in range(buffers):
-            self._free.put(np.empty(0, np.uint8))
+        for i in range(buffers):
+            self._free.put(self._pool[i] if i < len(self._pool) else np.empty(0, np.uint8))
         self._todo: queue.Queue[np.ndarray | None] = queue.Queue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._drain, name="shard-writer", daemon=True)
@@ -284,7 +299,7 @@ class HashingWriter:
                         written = self._handle.write(view[:WRITE_SLICE])
                         view = view[written:]
                         self.bytes += written
-                    _start_writeback(self._handle.fileno(), start, self.bytes - start)
+                    _start_writeback(self._handle.fileno(), self._start + start, self.bytes - start)
             except BaseException as exc:  # re-raised in the caller's thread
                 self._error = exc
             finally:
@@ -314,13 +329,16 @@ class HashingWriter:
     def _stop(self) -> None:
         self._todo.put(None)
         self._thread.join()
+        self._pool[:] = [self._free.get_nowait() for _ in range(self._free.qsize())]
 
-    def close(self) -> str:
-        """Waits for the queue, flushes to stable storage and returns the hex checksum."""
+    def close(self, sync: bool = True) -> str:
+        """Waits for the queue, flushes to stable storage (unless not `sync`: the owner of a file
+        written in parts fsyncs it once) and returns the hex checksum."""
         self._stop()
         try:
             self._check()
-            os.fsync(self._handle.fileno())
+            if sync:
+                os.fsync(self._handle.fileno())
         finally:
             self._handle.close()
         return self._hash.hexdigest()

@@ -1,14 +1,16 @@
-"""Writes one output shard of the merge; stream.py runs one of these per shard in its threads.
+"""Writes one part of an output shard of the merge (parts.py); stream.py runs these in its
+threads.
 
-A shard is written in one pass: its header (planned from the base headers, so every offset is
-known), then each tensor streamed from the base file into it. A tensor without a LoRA delta is a
-raw byte copy (never decoded); a LoRA target goes block of rows by block of rows: float32(base) +
-delta, cast back to the tensor's dtype (round to nearest even, as torch and ml_dtypes do). The
-checksum of the shard (workloads.digest) is computed while it is written (HashingWriter), and the
-file is fsynced.
+A part is written in one pass at its offset in the shard's file: the shard's header if it is the
+first part (planned from the base headers, so every offset is known), then its pieces of tensors
+streamed from the base files. A tensor without a LoRA delta is a raw byte copy (never decoded); a
+LoRA target goes block of rows by block of rows: float32(base) + delta, cast back to the tensor's
+dtype (round to nearest even, as torch and ml_dtypes do). The part's checksum (workloads.digest)
+is computed while it is written (HashingWriter); the merge combines the parts' checksums into the
+shard's and fsyncs the shard once its last part is written.
 
-Memory of one shard job: one block of rows in float32 and in the base dtype, the writer's two
-buffers and the LoRA factors of the shard's own targets, whatever the shard or model size.
+Memory of one job: one block of rows in float32 and in the base dtype, the writer's two buffers
+and the LoRA factors of the part's own targets, whatever the shard or model size.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Protocol
 
 import numpy as np
@@ -24,41 +26,10 @@ import numpy as np
 from workloads import errors
 from workloads.merge import mapping
 from workloads.merge import safetensors_io as st
+from workloads.merge.parts import Piece, ShardPart
 
 BLOCK_BYTES = 16 * 1024 * 1024  # float32 rows of a target processed at once (at least 512 rows)
 COPY_CHUNK = 16 * 1024 * 1024  # raw bytes of a copied tensor moved at once
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardPlan:
-    """One output file: its name, its tensors in write order and its header bytes."""
-
-    name: str
-    tensors: tuple[st.TensorInfo, ...]
-    header: bytes
-
-    @property
-    def size(self) -> int:
-        return len(self.header) + sum(t.nbytes for t in self.tensors)
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardTask:
-    """Everything a job needs to write one shard.
-
-    Attributes:
-        plan: the shard.
-        path: the local file to write.
-        layout: the base checkpoint, reduced to the shard's tensors.
-        deltas: the deltas of the shard's LoRA targets only.
-        block_bytes: float32 bytes of a target tensor processed at once.
-    """
-
-    plan: ShardPlan
-    path: str
-    layout: st.Layout
-    deltas: dict[str, mapping.Delta]
-    block_bytes: int = BLOCK_BYTES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +37,18 @@ class ShardResult:
     """A written shard: its checksum (and the checksum's algorithm) and its size."""
 
     name: str
+    digest: str
+    algorithm: str
+    bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PartResult:
+    """A written part of a shard: where it starts, its size and its checksum."""
+
+    shard: str
+    index: int
+    offset: int
     digest: str
     algorithm: str
     bytes: int
@@ -102,6 +85,7 @@ class Workspace:
 
     def __init__(self) -> None:
         self._buffers: dict[str, np.ndarray] = {}
+        self.writer_pool: list[np.ndarray] = []  # the shard writers' buffers (HashingWriter)
 
     def get(self, name: str, nbytes: int) -> np.ndarray:
         buffer = self._buffers.get(name)
@@ -136,9 +120,12 @@ def merged_blocks(
     writer: st.HashingWriter,
     block_bytes: int = BLOCK_BYTES,
     workspace: Workspace | None = None,
+    rows: tuple[int, int] | None = None,
 ) -> Iterator[int]:
-    """Submits the merged tensor to `writer`, block of rows by block of rows: float32(base) +
-    delta, cast back to the base dtype. Yields the bytes of each block as it is submitted.
+    """Submits rows [start, stop) of the merged tensor (`rows`; None: all of them) to `writer`,
+    block of rows by block of rows: float32(base) + delta, cast back to the base dtype. Yields
+    the bytes of each block as it is submitted. `start` must be a multiple of the delta's row
+    block (parts.plan_parts cuts there), so the bits do not depend on the range.
 
     Per block: the base widened to float32 (exact), the delta's product accumulated into it by
     the BLAS (mapping.Delta.add_rows_to: no separate add pass), one min and one max over the sum
@@ -149,12 +136,13 @@ def merged_blocks(
     assert dtype is not None  # stream.check_targets refused anything else
     workspace = workspace or Workspace()
     limit = overflow_limit(dtype)
-    rows, cols = info.shape
-    per = min(rows, block_rows(cols, delta.row_block, block_bytes))
+    first, stop = rows if rows is not None else (0, info.shape[0])
+    cols = info.shape[1]
+    per = min(stop - first, block_rows(cols, delta.row_block, block_bytes))
     raw = workspace.get("raw", per * cols * info.itemsize)
     acc = workspace.get("acc", per * cols * 4).view(np.float32).reshape(per, cols)
-    for start in range(0, rows, per):
-        n = min(rows, start + per) - start
+    for start in range(first, stop, per):
+        n = min(stop, start + per) - start
         nbytes = n * cols * info.itemsize
         out = writer.buffer(nbytes)
         if dtype == np.float32:  # sum in the buffer the writer will write
@@ -180,52 +168,62 @@ def merged_blocks(
 
 
 def copied_chunks(
-    info: st.TensorInfo, source: st.Source, writer: st.HashingWriter, chunk: int = COPY_CHUNK
+    info: st.TensorInfo,
+    source: st.Source,
+    writer: st.HashingWriter,
+    chunk: int = COPY_CHUNK,
+    span: tuple[int, int] | None = None,
 ) -> Iterator[int]:
-    """Submits the tensor's raw bytes to `writer` unchanged; yields the bytes of each chunk."""
-    for start in range(0, info.nbytes, chunk):
-        out = writer.buffer(min(chunk, info.nbytes - start))
+    """Submits the tensor's raw bytes [start, stop) (`span`; None: all) to `writer` unchanged;
+    yields the bytes of each chunk."""
+    first, stop = span if span is not None else (0, info.nbytes)
+    for start in range(first, stop, chunk):
+        out = writer.buffer(min(chunk, stop - start))
         source.readinto(info, start, memoryview(out))
         writer.submit(out)
         yield out.nbytes
 
 
-def write_shard(
-    task: ShardTask,
+def _piece_blocks(
+    piece: Piece,
+    delta: mapping.Delta | None,
+    source: st.Source,
+    writer: st.HashingWriter,
+    block_bytes: int,
+    workspace: Workspace,
+) -> Iterator[int]:
+    if delta is None:
+        return copied_chunks(piece.info, source, writer, span=(piece.start, piece.stop))
+    row_bytes = piece.info.shape[1] * piece.info.itemsize
+    rows = (piece.start // row_bytes, piece.stop // row_bytes)
+    return merged_blocks(piece.info, delta, source, writer, block_bytes, workspace, rows)
+
+
+def write_part(
+    part: ShardPart,
     source: st.Source,
     progress: Progress,
     workspace: Workspace | None = None,
 ) -> tuple[str, str, int]:
-    """Writes the shard of `task`; returns its checksum, the checksum's algorithm and its size. A
-    failure removes nothing (the caller owns the directory) but closes the file."""
+    """Writes `part` into its shard's file at its offset (the file exists; nothing else of it is
+    touched); returns the part's checksum, the checksum's algorithm and its size. The file is
+    not fsynced here: the merge does it once the shard's last part is written. A failure removes
+    nothing (the caller owns the directory) but closes the file."""
     workspace = workspace or Workspace()
-    writer = st.HashingWriter(pathlib.Path(task.path))
+    writer = st.HashingWriter(
+        pathlib.Path(part.path), offset=part.offset, pool=workspace.writer_pool
+    )
     try:
-        writer.write(task.plan.header)
-        for info in task.plan.tensors:
-            delta = task.deltas.get(info.name)
-            blocks = (
-                copied_chunks(info, source, writer)
-                if delta is None
-                else merged_blocks(info, delta, source, writer, task.block_bytes, workspace)
-            )
-            for nbytes in blocks:
+        if part.header:
+            writer.write(part.header)
+        for piece in part.pieces:
+            delta = part.deltas.get(piece.info.name)
+            for nbytes in _piece_blocks(piece, delta, source, writer, part.block_bytes, workspace):
                 progress.add(nbytes, 0)
-            source.done(info)
-            progress.add(0, 1)
+            if piece.last:
+                source.done(piece.info)
+                progress.add(0, 1)
     except BaseException:
         writer.abort()
         raise
-    return writer.close(), writer.algorithm, writer.bytes
-
-
-def shard_layout(layout: st.Layout, plan: ShardPlan) -> st.Layout:
-    """`layout` restricted to the tensors of one shard (and the files that hold them)."""
-    names = {t.name for t in plan.tensors}
-    tensors = {name: info for name, info in layout.tensors.items() if name in names}
-    files = tuple(f for f in layout.files if any(t.file == f for t in tensors.values()))
-    return st.Layout(layout.root, files, tensors, layout.metadata)
-
-
-def shard_deltas(deltas: Mapping[str, mapping.Delta], plan: ShardPlan) -> dict[str, mapping.Delta]:
-    return {t.name: deltas[t.name] for t in plan.tensors if t.name in deltas}
+    return writer.close(sync=False), writer.algorithm, writer.bytes

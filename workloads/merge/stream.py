@@ -2,13 +2,16 @@
 parallel.
 
 Every output shard is planned from the base headers before any data moves (names, shapes, offsets,
-so the shard's header is written first); then each shard is written by a job (shard_worker.py)
-that streams its tensors from the base files: a LoRA target block of rows by block of rows, any
-other tensor (vision tower included) as raw bytes. The jobs run in threads of this process, as
-many as the host has cores (and shards, and memory for), with numpy's BLAS on one thread each, so
-the float32 products, the checksums and the writes of different shards run side by side.
-A gs:// output uploads each finished shard while the threads write the next ones. Memory is a few
-blocks of rows per thread on top of the LoRA factors, whatever the model or shard size.
+so the shard's header is known first); with several workers each shard is cut into parts of about
+equal size (parts.py), and each part is written at its offset by a job (shard_worker.py) that
+streams its tensors from the base files: a LoRA target block of rows by block of rows, any other
+tensor (vision tower included) as raw bytes. The jobs run in threads of this process, as many as
+the host has cores (and memory for), with numpy's BLAS on one thread each, so the float32
+products, the checksums and the writes run side by side, and no thread idles while another ends a
+large shard.
+A shard is fsynced, its checksum combined from its parts' and (gs://) uploaded as soon as its
+last part is written, while the threads write the next ones. Memory is a few blocks of rows per
+thread on top of the LoRA factors, whatever the model or shard size.
 
 Completion is atomic: a local output is written into a hidden sibling directory and renamed into
 place at the end; a gs:// output gets its shards first and `model.safetensors.index.json` last, so
@@ -21,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import pathlib
@@ -35,9 +39,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from workloads import digest, errors, logs, processes, runconfig, storage
-from workloads.merge import blas, mapping, shard_worker
+from workloads.merge import blas, mapping, parts, shard_worker
 from workloads.merge import safetensors_io as st
-from workloads.merge.shard_worker import BLOCK_BYTES, ShardPlan
+from workloads.merge.parts import ShardPart, ShardPlan
+from workloads.merge.shard_worker import BLOCK_BYTES
 
 SHARD_NAME = "model-{:05d}-of-{:05d}.safetensors"
 METADATA_FILE = "merge_metadata.json"
@@ -195,7 +200,7 @@ class _LocalSink:
 
     def commit(self, index_text: str) -> None:
         _write_synced(self.dir / st.INDEX_FILE, index_text.encode("utf-8"))
-        _fsync_dir(self.dir)
+        _fsync_path(self.dir)
         if _is_nonempty_dir(self.out):
             if not self._overwrite:
                 raise errors.UserError(
@@ -211,7 +216,7 @@ class _LocalSink:
             if self.out.is_dir():
                 self.out.rmdir()
             os.rename(self.dir, self.out)
-        _fsync_dir(self.out.parent)
+        _fsync_path(self.out.parent)
 
     def abort(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -262,7 +267,8 @@ def _write_synced(path: pathlib.Path, data: bytes) -> None:
         os.fsync(handle.fileno())
 
 
-def _fsync_dir(path: pathlib.Path) -> None:
+def _fsync_path(path: pathlib.Path) -> None:
+    """fsync of a file or a directory, by path."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -311,25 +317,43 @@ def _available_memory() -> int | None:
     return None
 
 
-def _worker_bytes(task: shard_worker.ShardTask) -> int:
-    """About what a worker holds for `task`: its LoRA factors and four blocks of rows in float32
+def _worker_bytes(part: ShardPart) -> int:
+    """About what a worker holds for `part`: its LoRA factors and four blocks of rows in float32
     (read block, sum, and the writer's two buffers)."""
-    factors = sum(d.left.nbytes + d.right.nbytes for d in task.deltas.values())
+    factors = sum(d.left.nbytes + d.right.nbytes for d in part.deltas.values())
     blocks = [
-        shard_worker.block_rows(d.shape[1], d.row_block, task.block_bytes) * d.shape[1] * 4
-        for d in task.deltas.values()
+        shard_worker.block_rows(d.shape[1], d.row_block, part.block_bytes) * d.shape[1] * 4
+        for d in part.deltas.values()
     ]
-    return factors + 4 * max([task.block_bytes, *blocks])
+    return factors + 4 * max([part.block_bytes, *blocks])
 
 
-def default_workers(tasks: list[shard_worker.ShardTask]) -> int:
-    """One worker per core, no more than there are shards, and no more than half the available
+def default_workers(jobs: list[ShardPart]) -> int:
+    """One worker per core, no more than there are jobs, and no more than half the available
     memory holds."""
-    workers = min(host_cores(), len(tasks))
+    workers = min(host_cores(), len(jobs))
     available = _available_memory()
-    if available is not None and tasks:
-        workers = min(workers, available // 2 // max(_worker_bytes(t) for t in tasks))
+    if available is not None and jobs:
+        workers = min(workers, available // 2 // max(_worker_bytes(j) for j in jobs))
     return max(1, workers)
+
+
+# With several workers, each shard is cut into parts of about total / (workers x this), so the
+# last parts to finish are small against each worker's share ...
+PARTS_PER_WORKER = 8
+# ... but no smaller than this: a part costs a few system calls and a pipeline start (its first
+# block is computed before anything is written), against ~0.1 s of work for 64 MiB.
+MIN_PART_BYTES = 64 * 1024 * 1024
+
+
+def part_size(total_bytes: int, workers: int, shard_size: int) -> int | None:
+    """The size parts are cut to for `workers` (None: whole shards). One worker, or a checksum
+    that cannot be combined from the parts' (sha256, without google-crc32c's C extension), keeps
+    whole shards."""
+    if workers <= 1 or digest.default_algorithm() != digest.CRC32C:
+        return None
+    share = -(-total_bytes // (workers * PARTS_PER_WORKER))
+    return min(shard_size, max(MIN_PART_BYTES, share))
 
 
 class _CancelledError(Exception):
@@ -379,19 +403,21 @@ class _ThreadRunner:
             workspace = self._local.workspace = shard_worker.Workspace()
         return workspace
 
-    def _run(self, task: shard_worker.ShardTask) -> shard_worker.ShardResult:
-        source = self._source or st.Source(task.layout)
+    def _run(self, part: ShardPart) -> shard_worker.PartResult:
+        source = self._source or st.Source(part.layout)
         try:
-            checksum, algorithm, size = shard_worker.write_shard(
-                task, source, self.progress, self._workspace()
+            checksum, algorithm, size = shard_worker.write_part(
+                part, source, self.progress, self._workspace()
             )
         finally:
             if source is not self._source:
                 source.close()
-        return shard_worker.ShardResult(task.plan.name, checksum, algorithm, size)
+        return shard_worker.PartResult(
+            part.shard, part.index, part.offset, checksum, algorithm, size
+        )
 
-    def submit(self, task: shard_worker.ShardTask) -> concurrent.futures.Future[Any]:
-        return self._pool.submit(self._run, task)
+    def submit(self, part: ShardPart) -> concurrent.futures.Future[Any]:
+        return self._pool.submit(self._run, part)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -403,38 +429,83 @@ class _ThreadRunner:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _run_shards(
-    tasks: list[shard_worker.ShardTask],
+def _finish_shard(
+    plan: ShardPlan, done: list[shard_worker.PartResult], sink: _LocalSink | _RemoteSink
+) -> shard_worker.ShardResult:
+    """A shard whose parts are all written: checked whole, made durable, its checksum combined
+    from its parts' and handed to the sink (a gs:// upload)."""
+    done = sorted(done, key=lambda r: r.offset)
+    size = sum(r.bytes for r in done)
+    contiguous = all(a.offset + a.bytes == b.offset for a, b in itertools.pairwise(done))
+    if size != plan.size or not contiguous:  # the header promised these offsets
+        raise RuntimeError(f"{plan.name}: wrote {size} bytes in parts, planned {plan.size}")
+    _fsync_path(sink.path(plan.name))
+    algorithm = done[0].algorithm
+    checksum = digest.combine(algorithm, [(r.digest, r.bytes) for r in done])
+    sink.finish(plan.name)
+    return shard_worker.ShardResult(plan.name, checksum, algorithm, size)
+
+
+def _interleaved(jobs: list[ShardPart], width: int) -> list[ShardPart]:
+    """The parts of `width` shards at a time, taken in turn (s1 p0, s2 p0, s1 p1, s2 p1, ...), so
+    that parallel jobs write different files."""
+    by_shard: dict[str, list[ShardPart]] = {}
+    for job in jobs:
+        by_shard.setdefault(job.shard, []).append(job)
+    shards = list(by_shard.values())
+    ordered = []
+    for first in range(0, len(shards), width):
+        group = shards[first : first + width]
+        for i in range(max(len(g) for g in group)):
+            ordered += [g[i] for g in group if i < len(g)]
+    return ordered
+
+
+def _run_parts(
+    plans: list[ShardPlan],
+    jobs: list[ShardPart],
     runner: _ThreadRunner,
     workers: int,
     sink: _LocalSink | _RemoteSink,
     bar: _Progress,
 ) -> dict[str, shard_worker.ShardResult]:
-    """Runs the jobs, at most `workers` at a time, and hands every finished shard to the sink
-    (a gs:// upload) while the next ones are written; so at most 2 x `workers` shards sit in the
-    staging directory."""
-    pending = list(reversed(tasks))
-    running: dict[concurrent.futures.Future[Any], shard_worker.ShardTask] = {}
+    """Runs the parts in order, `workers` at a time plus one queued (so no worker waits for this
+    loop), and finishes every shard (_finish_shard) as soon as its last part is written, while
+    the workers write the next parts; so only the shards of the parts in flight, and those being
+    uploaded, sit in the staging directory. A shard's file is created empty before its first
+    part is handed out."""
+    by_name = {p.name: p for p in plans}
+    pending = list(reversed(jobs))
+    left = {p.name: sum(1 for j in jobs if j.shard == p.name) for p in plans}
+    written: dict[str, list[shard_worker.PartResult]] = {p.name: [] for p in plans}
+    running: dict[concurrent.futures.Future[Any], ShardPart] = {}
     results: dict[str, shard_worker.ShardResult] = {}
+
+    def fill() -> None:
+        while pending and len(running) <= workers:
+            part = pending.pop()
+            if part.index == 0:
+                sink.path(part.shard).open("wb").close()
+            running[runner.submit(part)] = part
+
     while pending or running:
-        while pending and len(running) < workers:
-            task = pending.pop()
-            running[runner.submit(task)] = task
+        fill()
         done, _ = concurrent.futures.wait(
             running, timeout=0.5, return_when=concurrent.futures.FIRST_COMPLETED
         )
         bar.show(*runner.progress.read())
         finished = [(running.pop(future), future.result()) for future in done]
-        while pending and len(running) < workers:  # keep the workers busy during the uploads
-            task = pending.pop()
-            running[runner.submit(task)] = task
-        for task, result in finished:
-            if result.bytes != task.plan.size:  # the header promised these offsets
+        fill()  # keep the workers busy during the fsyncs and uploads
+        for part, result in finished:
+            if result.bytes != part.size:
                 raise RuntimeError(
-                    f"{task.plan.name}: wrote {result.bytes} bytes, planned {task.plan.size}"
+                    f"{part.shard}: part {part.index} wrote {result.bytes} bytes, "
+                    f"planned {part.size}"
                 )
-            sink.finish(task.plan.name)
-            results[task.plan.name] = result
+            written[part.shard].append(result)
+            left[part.shard] -= 1
+            if left[part.shard] == 0:
+                results[part.shard] = _finish_shard(by_name[part.shard], written[part.shard], sink)
     bar.show(*runner.progress.read())
     return results
 
@@ -521,22 +592,27 @@ def stream_merge(
             if remote_out and staging is not None
             else _LocalSink(out, overwrite, log)
         )
-        tasks = [
-            shard_worker.ShardTask(
-                plan,
-                str(sink.path(plan.name)),
-                shard_worker.shard_layout(layout, plan),
-                shard_worker.shard_deltas(deltas, plan),
-                block_bytes,
-            )
-            for plan in plans
-        ]
-        count = workers or default_workers(tasks)
+
+        def cut(part_bytes: int | None) -> list[ShardPart]:
+            return [
+                job
+                for plan in plans
+                for job in parts.plan_parts(
+                    plan, str(sink.path(plan.name)), layout, deltas, part_bytes, block_bytes
+                )
+            ]
+
+        jobs = cut(None)
+        count = workers or default_workers(
+            cut(part_size(layout.total_bytes, host_cores(), shard_size))
+        )
         if remote_in and count > 1:
             if workers is not None:
                 log(f"note: a gs:// base is merged by one worker, not {workers}")
             count = 1
-        count = min(count, len(tasks))
+        if count > 1:
+            jobs = _interleaved(cut(part_size(layout.total_bytes, count, shard_size)), count)
+        count = min(count, len(jobs))
         bar = _Progress(layout.total_bytes, len(layout.tensors), progress)
         stack.callback(bar.close)
         started, cpu = time.monotonic(), _cpu_seconds()
@@ -550,7 +626,7 @@ def stream_merge(
                 shared = st.Source(layout, str(staging) if staging is not None else None)
                 stack.callback(shared.close)
             runner = _ThreadRunner(count, shared)
-            results = _run_shards(tasks, runner, count, sink, bar)
+            results = _run_parts(plans, jobs, runner, count, sink, bar)
             runner.close()
             files = {
                 p.name: digest.record(
