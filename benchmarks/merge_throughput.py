@@ -599,7 +599,7 @@ def main() -> int:
         print(
             "merge GB/s: tensor bytes over the streaming pass (plan, read, merge, checksum, write, "
             "fsync; the LoRA restore before it is in 'whole merge s'); CPU s/GB: user + system "
-            "seconds per GB of the streaming pass (all processes), of the whole merge (imports "
+            "seconds per GB of the streaming pass (all threads), of the whole merge (imports "
             "and restore included) and of cp"
         )
         if not args.skip_naive:
