@@ -112,3 +112,16 @@ def test_parallel_parts_come_from_different_shards():
     n = len(cuts["a"])
     assert order[: 2 * n] == [(s, i) for i in range(n) for s in ("a", "b")]
     assert order[2 * n :] == [("c", i) for i in range(n)]
+
+
+def test_a_large_host_gets_one_thread_per_core_up_to_the_cap(monkeypatch):
+    """A 62.5 GB model cut for a 208-core host: more threads than the 13 shards of 5 GB, but no
+    more than stream.MAX_DEFAULT_WORKERS (the GIL's share, and no disk keeps up beyond)."""
+    plan, layout, deltas = shard()
+    job = parts.plan_parts(plan, "x", layout, deltas, None, 1 << 20)[0]
+    monkeypatch.setattr(stream, "_available_memory", lambda: 448 * 2**30)
+    for cores, jobs, expected in [(208, 1000, 16), (208, 13, 13), (2, 1000, 2), (12, 1000, 12)]:
+        monkeypatch.setattr(stream, "host_cores", lambda cores=cores: cores)
+        assert stream.default_workers([job] * jobs) == expected
+    monkeypatch.setattr(stream, "_available_memory", lambda: 3 * stream._worker_bytes(job))
+    assert stream.default_workers([job] * 1000) == 1  # half the memory holds one job's blocks

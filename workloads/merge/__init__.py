@@ -176,8 +176,8 @@ def merge_lora(
         progress: show a progress bar over bytes and tensors on stderr.
         staging_dir: local scratch for gs:// input/output (default $TMPDIR; /dev/shm on TPU VMs).
         rules: the Tunix -> HF mapping (mapping.RULES); tests inject corrupted ones.
-        workers: shards merged at once, each in a thread of this process; None = one per
-            core (capped by the shards and the memory).
+        workers: parts of shards merged at once, each in a thread of this process; None = one
+            per core, at most 16 (and as the memory allows).
 
     Returns:
         A MergeResult.

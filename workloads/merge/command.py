@@ -46,8 +46,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--workers",
         type=int,
         default=None,
-        help="shards merged at once, each in its own thread (default: one per CPU core, at most "
-        "one per shard)",
+        help="parts of shards merged at once, each in its own thread (default: one per CPU core, "
+        "at most 16)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
