@@ -123,5 +123,5 @@ def test_a_large_host_gets_one_thread_per_core_up_to_the_cap(monkeypatch):
     for cores, jobs, expected in [(208, 1000, 16), (208, 13, 13), (2, 1000, 2), (12, 1000, 12)]:
         monkeypatch.setattr(stream, "host_cores", lambda cores=cores: cores)
         assert stream.default_workers([job] * jobs) == expected
-    monkeypatch.setattr(stream, "_available_memory", lambda: 3 * stream._worker_bytes(job))
+    monkeypatch.setattr(stream, "_available_memory", lambda: 3 * stream._thread_bytes(job))
     assert stream.default_workers([job] * 1000) == 1  # half the memory holds one job's blocks

@@ -270,7 +270,7 @@ class HashingWriter:
     ):
         """`pool`: buffers to lend (a job's earlier writer's; fresh pages cost page faults),
         refilled with the writer's buffers when it closes."""
-        # Closed by close()/abort(). An existing file is never truncated: other processes may be
+        # Closed by close()/abort(). An existing file is never truncated: other threads may be
         # writing other parts of it.
         self._handle = open(path, "wb" if offset is None else "r+b", buffering=0)  # noqa: SIM115
         self._start = offset or 0

@@ -317,15 +317,14 @@ def _available_memory() -> int | None:
     return None
 
 
-def _worker_bytes(part: ShardPart) -> int:
-    """About what a worker holds for `part`: its LoRA factors and four blocks of rows in float32
-    (read block, sum, and the writer's two buffers)."""
-    factors = sum(d.left.nbytes + d.right.nbytes for d in part.deltas.values())
+def _thread_bytes(part: ShardPart) -> int:
+    """About what a thread adds to hold for `part`: four blocks of rows in float32 (read block,
+    sum, and the writer's two buffers). The LoRA factors are the process's, held once."""
     blocks = [
         shard_worker.block_rows(d.shape[1], d.row_block, part.block_bytes) * d.shape[1] * 4
         for d in part.deltas.values()
     ]
-    return factors + 4 * max([part.block_bytes, *blocks])
+    return 4 * max([part.block_bytes, *blocks])
 
 
 # Threads a merge starts by default, at most. Each block's own Python (a few tens of microseconds
@@ -341,7 +340,7 @@ def default_workers(jobs: list[ShardPart]) -> int:
     workers = min(host_cores(), MAX_DEFAULT_WORKERS, len(jobs))
     available = _available_memory()
     if available is not None and jobs:
-        workers = min(workers, available // 2 // max(_worker_bytes(j) for j in jobs))
+        workers = min(workers, available // 2 // max(_thread_bytes(j) for j in jobs))
     return max(1, workers)
 
 
