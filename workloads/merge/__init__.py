@@ -67,7 +67,7 @@ class MergeResult:
         copied_tensors: tensors copied bit for bit.
         seconds: wall time of the streaming pass.
         peak_rss_bytes: the process's peak resident memory so far.
-        workers: shards written at once (threads of this process).
+        workers: parts of shards written at once (threads of this process).
         cpu_seconds: CPU time (user + system, all threads) of the streaming pass.
         notes: one line each about what the adapters leave out (a target with no factors).
     """

@@ -4,9 +4,9 @@ A BLAS may round a matrix product differently depending on how many threads shar
 split the work, and the kernel it picks, another way; numpy's OpenBLAS gave the same bits on 1 and
 2 threads for the 31B model's shapes here, but does not promise it), and a last-bit difference
 can flip the bf16 rounding of a merged weight. The merge therefore computes every delta on one
-BLAS thread and gets its parallelism from its own threads instead, each of
-which calls the BLAS on itself; the setting goes through the BLAS's own call (threadpoolctl does
-the same; it is not a dependency of the project).
+BLAS thread and gets its parallelism from its own threads instead, each of which calls the BLAS
+on itself; the setting goes through the BLAS's own call (threadpoolctl does the same; it is not a
+dependency of the project).
 """
 
 from __future__ import annotations

@@ -251,9 +251,9 @@ def _start_writeback(fd: int, offset: int, nbytes: int) -> None:
 
 
 class HashingWriter:
-    """Writes a file sequentially while computing its checksum (workloads.digest; no second read
-    of a 5 GB shard): from its start into a new file, or from `offset` on into an existing file
-    that other writers fill elsewhere (the checksum is then that of the bytes written here).
+    """Writes bytes into an existing file from `offset` on while computing their checksum
+    (workloads.digest; no second read of a 5 GB shard). Other writers may fill the rest of the
+    file; whoever owns it fsyncs it once all of them are done.
 
     Checksumming and writing run in a background thread (both release the GIL), overlapping with
     the caller computing the next block. The caller fills buffers the writer lends it
@@ -264,18 +264,16 @@ class HashingWriter:
     def __init__(
         self,
         path: pathlib.Path,
+        offset: int = 0,
         buffers: int = 2,
-        offset: int | None = None,
         pool: list[np.ndarray] | None = None,
     ):
         """`pool`: buffers to lend (a job's earlier writer's; fresh pages cost page faults),
         refilled with the writer's buffers when it closes."""
-        # Closed by close()/abort(). An existing file is never truncated: other threads may be
-        # writing other parts of it.
-        self._handle = open(path, "wb" if offset is None else "r+b", buffering=0)  # noqa: SIM115
-        self._start = offset or 0
-        if offset:
-            self._handle.seek(offset)
+        # Closed by close()/abort(). Never truncated: other threads may be writing other parts.
+        self._handle = open(path, "r+b", buffering=0)  # noqa: SIM115
+        self._start = offset
+        self._handle.seek(offset)
         self.algorithm = digest.default_algorithm()
         self._hash = digest.new(self.algorithm)
         self.bytes = 0
@@ -331,14 +329,12 @@ class HashingWriter:
         self._thread.join()
         self._pool[:] = [self._free.get_nowait() for _ in range(self._free.qsize())]
 
-    def close(self, sync: bool = True) -> str:
-        """Waits for the queue, flushes to stable storage (unless not `sync`: the owner of a file
-        written in parts fsyncs it once) and returns the hex checksum."""
+    def close(self) -> str:
+        """Waits for the queue and returns the hex checksum of the bytes written (not fsynced:
+        the file's owner does that once)."""
         self._stop()
         try:
             self._check()
-            if sync:
-                os.fsync(self._handle.fileno())
         finally:
             self._handle.close()
         return self._hash.hexdigest()

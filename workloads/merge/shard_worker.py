@@ -42,18 +42,6 @@ class ShardResult:
     bytes: int
 
 
-@dataclasses.dataclass(frozen=True)
-class PartResult:
-    """A written part of a shard: where it starts, its size and its checksum."""
-
-    shard: str
-    index: int
-    offset: int
-    digest: str
-    algorithm: str
-    bytes: int
-
-
 class Progress(Protocol):
     def add(self, nbytes: int, tensors: int) -> None: ...
 
@@ -210,9 +198,7 @@ def write_part(
     not fsynced here: the merge does it once the shard's last part is written. A failure removes
     nothing (the caller owns the directory) but closes the file."""
     workspace = workspace or Workspace()
-    writer = st.HashingWriter(
-        pathlib.Path(part.path), offset=part.offset, pool=workspace.writer_pool
-    )
+    writer = st.HashingWriter(pathlib.Path(part.path), part.offset, pool=workspace.writer_pool)
     try:
         if part.header:
             writer.write(part.header)
@@ -226,4 +212,4 @@ def write_part(
     except BaseException:
         writer.abort()
         raise
-    return writer.close(sync=False), writer.algorithm, writer.bytes
+    return writer.close(), writer.algorithm, writer.bytes

@@ -21,10 +21,10 @@ of a merge outlives its process, however it dies.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
-import itertools
 import json
 import os
 import pathlib
@@ -409,18 +409,14 @@ class _ThreadRunner:
             workspace = self._local.workspace = shard_worker.Workspace()
         return workspace
 
-    def _run(self, part: ShardPart) -> shard_worker.PartResult:
+    def _run(self, part: ShardPart) -> tuple[str, str, int]:
+        """The part's checksum, its algorithm and its size (shard_worker.write_part)."""
         source = self._source or st.Source(part.layout)
         try:
-            checksum, algorithm, size = shard_worker.write_part(
-                part, source, self.progress, self._workspace()
-            )
+            return shard_worker.write_part(part, source, self.progress, self._workspace())
         finally:
             if source is not self._source:
                 source.close()
-        return shard_worker.PartResult(
-            part.shard, part.index, part.offset, checksum, algorithm, size
-        )
 
     def submit(self, part: ShardPart) -> concurrent.futures.Future[Any]:
         return self._pool.submit(self._run, part)
@@ -436,20 +432,19 @@ class _ThreadRunner:
 
 
 def _finish_shard(
-    plan: ShardPlan, done: list[shard_worker.PartResult], sink: _LocalSink | _RemoteSink
+    plan: ShardPlan,
+    done: list[tuple[ShardPart, tuple[str, str, int]]],
+    sink: _LocalSink | _RemoteSink,
 ) -> shard_worker.ShardResult:
-    """A shard whose parts are all written: checked whole, made durable, its checksum combined
-    from its parts' and handed to the sink (a gs:// upload)."""
-    done = sorted(done, key=lambda r: r.offset)
-    size = sum(r.bytes for r in done)
-    contiguous = all(a.offset + a.bytes == b.offset for a, b in itertools.pairwise(done))
-    if size != plan.size or not contiguous:  # the header promised these offsets
-        raise RuntimeError(f"{plan.name}: wrote {size} bytes in parts, planned {plan.size}")
+    """A shard whose parts are all written (each its planned size, which _run_parts checked, so
+    the shard is its planned size too): made durable, its checksum combined from its parts' in
+    file order and handed to the sink (a gs:// upload)."""
+    results = [result for _, result in sorted(done, key=lambda pair: pair[0].index)]
     _fsync_path(sink.path(plan.name))
-    algorithm = done[0].algorithm
-    checksum = digest.combine(algorithm, [(r.digest, r.bytes) for r in done])
+    algorithm = results[0][1]
+    checksum = digest.combine(algorithm, [(hexdigest, size) for hexdigest, _, size in results])
     sink.finish(plan.name)
-    return shard_worker.ShardResult(plan.name, checksum, algorithm, size)
+    return shard_worker.ShardResult(plan.name, checksum, algorithm, plan.size)
 
 
 def _interleaved(jobs: list[ShardPart], width: int) -> list[ShardPart]:
@@ -482,8 +477,8 @@ def _run_parts(
     part is handed out."""
     by_name = {p.name: p for p in plans}
     pending = list(reversed(jobs))
-    left = {p.name: sum(1 for j in jobs if j.shard == p.name) for p in plans}
-    written: dict[str, list[shard_worker.PartResult]] = {p.name: [] for p in plans}
+    left = collections.Counter(j.shard for j in jobs)
+    written: dict[str, list[tuple[ShardPart, tuple[str, str, int]]]] = {p.name: [] for p in plans}
     running: dict[concurrent.futures.Future[Any], ShardPart] = {}
     results: dict[str, shard_worker.ShardResult] = {}
 
@@ -503,12 +498,11 @@ def _run_parts(
         finished = [(running.pop(future), future.result()) for future in done]
         fill()  # keep the workers busy during the fsyncs and uploads
         for part, result in finished:
-            if result.bytes != part.size:
+            if result[2] != part.size:  # the header promised these offsets
                 raise RuntimeError(
-                    f"{part.shard}: part {part.index} wrote {result.bytes} bytes, "
-                    f"planned {part.size}"
+                    f"{part.shard}: part {part.index} wrote {result[2]} bytes, planned {part.size}"
                 )
-            written[part.shard].append(result)
+            written[part.shard].append((part, result))
             left[part.shard] -= 1
             if left[part.shard] == 0:
                 results[part.shard] = _finish_shard(by_name[part.shard], written[part.shard], sink)
@@ -521,7 +515,7 @@ class StreamStats:
     """What the streaming pass wrote and how fast.
 
     Attributes:
-        workers: shard jobs that ran at once (threads of this process).
+        workers: parts of shards written at once (threads of this process).
         cpu_seconds: user + system CPU time of the pass, all threads together.
     """
 
@@ -608,7 +602,6 @@ def stream_merge(
                 )
             ]
 
-        jobs = cut(None)
         count = workers or default_workers(
             cut(part_size(layout.total_bytes, host_cores(), shard_size))
         )
@@ -616,8 +609,8 @@ def stream_merge(
             if workers is not None:
                 log(f"note: a gs:// base is merged by one worker, not {workers}")
             count = 1
-        if count > 1:
-            jobs = _interleaved(cut(part_size(layout.total_bytes, count, shard_size)), count)
+        # One worker: whole shards, in order (part_size gives None).
+        jobs = _interleaved(cut(part_size(layout.total_bytes, count, shard_size)), count)
         count = min(count, len(jobs))
         bar = _Progress(layout.total_bytes, len(layout.tensors), progress)
         stack.callback(bar.close)
