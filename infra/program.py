@@ -3,8 +3,9 @@
 `run()` is what infra/__main__.py calls; tests call it under `pulumi.runtime.set_mocks`.
 Nothing here runs at import time. Validation happens before the first resource is declared.
 
-It reads top to bottom in the order one `up` declares things: validate, buckets, identity,
-secrets, firewall, VMs, deployments, outputs.
+It reads top to bottom in the order one `up` declares things: validate (run), then build:
+identity, buckets, secrets, recovery controller, firewalls, self-service grants, the VMs of
+components/roles.py's table, their deployments, and the outputs.
 """
 
 from __future__ import annotations
@@ -22,15 +23,14 @@ from infra.components import apis as apis_mod
 from infra.components import bucket as bucket_mod
 from infra.components import firewall as firewall_mod
 from infra.components import recovery as recovery_mod
+from infra.components import roles, stack_deployments
 from infra.components import secret as secret_mod
 from infra.components import service_account as sa_mod
-from infra.components import stack_deployments
 from infra.components import tpu_vm as tpu_mod
 from infra.components import workloads as workloads_mod
 from infra.config import model as config_mod
 from infra.config import runconfig_render, stack_config, validation
 from infra.ops import compile_check, release_record
-from infra.vm import startup
 from workloads import catalog, errors, runconfig
 
 COST_BASIS = "on-demand list price per hour (the paper's rates); spot/preemptible is billed less"
@@ -51,14 +51,24 @@ class StackResources:
     secret: secret_mod.StoredSecret | None
     ssh_firewall: firewall_mod.IngressRule
     api_firewall: firewall_mod.IngressRule | None
-    train_vm: tpu_mod.TpuVm | None  # None: the run finished and released it (release_record)
-    serve_vm: tpu_mod.TpuVm | None
+    vms: dict[str, tpu_mod.TpuVm]
+    """Role name -> VM, for the roles the stack has now (a released training node is absent)."""
     deployments: dict[str, workloads_mod.WorkloadsDeployment] = dataclasses.field(
         default_factory=dict
     )
     recovery: recovery_mod.RecoveryController | None = None
     outputs: dict[str, Any] = dataclasses.field(default_factory=dict)
     released: dict[str, Any] | None = None
+
+    @property
+    def train_vm(self) -> tpu_mod.TpuVm | None:
+        """The training VM; None once the run finished and released it (release_record)."""
+        return self.vms.get("train")
+
+    @property
+    def serve_vm(self) -> tpu_mod.TpuVm | None:
+        """The serving VM; None when serving is off."""
+        return self.vms.get("serve")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,7 +123,7 @@ def hourly_cost(cfg: config_mod.StackConfig) -> dict[str, Any]:
 
 def tpu_scope(cfg: config_mod.StackConfig, labels: dict[str, str]) -> dict[str, Any]:
     """The project, every zone either VM may be placed in, and the labels that mark the stack's
-    TPUs (what infra.tpu.leftovers scans)."""
+    TPUs (what infra.ops.leftovers scans)."""
     zones = [*cfg.training.zones, *(cfg.serving.zones if cfg.serving.enabled else ())]
     return {
         "project": cfg.project,
@@ -148,7 +158,7 @@ def resolve_ssh_keys(cfg: config_mod.StackConfig) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Declaring the stack
+# Declaring the stack, in the order of the module docstring
 
 
 def build(
@@ -173,15 +183,53 @@ def build(
             (stack_config.load_recovery_secrets); required when recovery.enabled.
     """
     labels = base_labels(cfg, stack)
+    apis, account = declare_identity(cfg, stack)
+    after_apis = pulumi.ResourceOptions(depends_on=[apis] if apis else [])
+    training_bucket, serving_bucket = declare_buckets(cfg, labels, account, after_apis)
+    secret = declare_hf_secret(cfg, hf_token, labels, account, after_apis)
+    controller = declare_recovery(
+        cfg, stack, labels, account, training_bucket, recovery_secrets, after_apis
+    )
+    ssh_firewall, api_firewall = declare_firewalls(cfg, controller, after_apis)
+    # The VMs boot straight into their startup scripts, which need the grants in place.
+    grants: list[pulumi.Resource] = [account, training_bucket, serving_bucket]
+    grants += [secret] if secret is not None else []
+    grants += declare_self_service(cfg, account, released is not None)
+    vm_opts = pulumi.ResourceOptions(depends_on=grants + ([apis] if apis else []))
+    vms = declare_vms(
+        cfg, labels, account, ssh_keys, stack, released is not None, secret is not None, vm_opts
+    )
     run_config = runconfig_render.render_run_config(cfg)
+    deployments = declare_deployments(cfg, run_config, vms)
+    resources = StackResources(
+        config=cfg,
+        run_config=run_config,
+        labels=labels,
+        apis=apis,
+        service_account=account,
+        training_bucket=training_bucket,
+        serving_bucket=serving_bucket,
+        secret=secret,
+        ssh_firewall=ssh_firewall,
+        api_firewall=api_firewall,
+        vms=vms,
+        deployments=deployments,
+        released=released,
+        recovery=controller,
+    )
+    resources.outputs = stack_outputs(resources)
+    return resources
 
+
+def declare_identity(
+    cfg: config_mod.StackConfig, stack: str
+) -> tuple[apis_mod.ProjectApis | None, sa_mod.VmServiceAccount]:
+    """The project's APIs (when the stack enables them) and the VMs' service account."""
     apis = (
         apis_mod.ProjectApis("apis", apis_mod.ApisArgs(project=cfg.project))
         if cfg.enable_apis
         else None
     )
-    after_apis = pulumi.ResourceOptions(depends_on=[apis] if apis else [])
-
     account = sa_mod.VmServiceAccount(
         "vm-sa",
         sa_mod.ServiceAccountArgs(
@@ -189,10 +237,20 @@ def build(
             account_id=cfg.service_account_id,
             display_name=f"gemma4-tpu VMs ({stack})",
         ),
-        opts=after_apis,
+        opts=pulumi.ResourceOptions(depends_on=[apis] if apis else []),
     )
+    return apis, account
 
-    def make_bucket(name: str, bucket_name: str, location: str) -> bucket_mod.Bucket:
+
+def declare_buckets(
+    cfg: config_mod.StackConfig,
+    labels: dict[str, str],
+    account: sa_mod.VmServiceAccount,
+    opts: pulumi.ResourceOptions,
+) -> tuple[bucket_mod.Bucket, bucket_mod.Bucket]:
+    """The training bucket and the serving one (the same object when the stack shares one)."""
+
+    def bucket(name: str, bucket_name: str, location: str) -> bucket_mod.Bucket:
         s = cfg.storage
         return bucket_mod.Bucket(
             name,
@@ -211,60 +269,82 @@ def build(
                 force_destroy=s.force_destroy,
                 import_existing=s.import_existing,
             ),
-            opts=after_apis,
+            opts=opts,
         )
 
-    training_bucket = make_bucket(
-        "train-bucket", cfg.training_bucket_name, cfg.training_bucket_location
+    training = bucket("train-bucket", cfg.training_bucket_name, cfg.training_bucket_location)
+    if cfg.shared_bucket:
+        return training, training
+    return training, bucket("serve-bucket", cfg.serving_bucket_name, cfg.serving_bucket_location)
+
+
+def declare_hf_secret(
+    cfg: config_mod.StackConfig,
+    hf_token: pulumi.Input[str] | None,
+    labels: dict[str, str],
+    account: sa_mod.VmServiceAccount,
+    opts: pulumi.ResourceOptions,
+) -> secret_mod.StoredSecret | None:
+    """The Hugging Face token in Secret Manager, readable by the VMs only; None without one."""
+    if hf_token is None:
+        return None
+    return secret_mod.StoredSecret(
+        "hf-token",
+        secret_mod.SecretArgs(
+            project=cfg.project,
+            secret_id=cfg.hf_secret_id,
+            secret_data=hf_token,
+            accessors=[account.member],
+            labels=labels,
+        ),
+        opts=opts,
     )
-    serving_bucket = (
-        training_bucket
-        if cfg.shared_bucket
-        else make_bucket("serve-bucket", cfg.serving_bucket_name, cfg.serving_bucket_location)
+
+
+def declare_recovery(
+    cfg: config_mod.StackConfig,
+    stack: str,
+    labels: dict[str, str],
+    account: sa_mod.VmServiceAccount,
+    training_bucket: bucket_mod.Bucket,
+    recovery_secrets: stack_config.RecoverySecrets | None,
+    opts: pulumi.ResourceOptions,
+) -> recovery_mod.RecoveryController | None:
+    """The recovery controller VM when recovery.enabled, else None."""
+    if not cfg.recovery.enabled:
+        return None
+    if recovery_secrets is None:
+        raise ValueError("recovery.enabled: build() needs recovery_secrets")
+    return recovery_mod.RecoveryController(
+        "recover",
+        recovery_mod.RecoveryArgs(
+            project=cfg.project,
+            stack=stack,
+            prefix=cfg.name_prefix,
+            zone=cfg.recovery_zone,
+            machine_type=cfg.recovery.machine_type,
+            network=cfg.network,
+            subnetwork=cfg.subnetwork,
+            backend_url=str(cfg.recovery.backend_url),
+            training_bucket=training_bucket.name,
+            vm_service_account=account.account.name,
+            ssh_key=recovery_secrets.ssh_key,
+            ssh_key_file=str(cfg.ssh.private_key_file),
+            passphrase=recovery_secrets.passphrase,
+            kms_key=recovery_secrets.kms_key,
+            interval_s=cfg.recovery.interval_seconds,
+            labels=labels,
+        ),
+        opts=opts,
     )
 
-    secret = None
-    if hf_token is not None:
-        secret = secret_mod.StoredSecret(
-            "hf-token",
-            secret_mod.SecretArgs(
-                project=cfg.project,
-                secret_id=cfg.hf_secret_id,
-                secret_data=hf_token,
-                accessors=[account.member],
-                labels=labels,
-            ),
-            opts=after_apis,
-        )
 
-    controller = None
-    if cfg.recovery.enabled:
-        if recovery_secrets is None:
-            raise ValueError("recovery.enabled: build() needs recovery_secrets")
-        controller = recovery_mod.RecoveryController(
-            "recover",
-            recovery_mod.RecoveryArgs(
-                project=cfg.project,
-                stack=stack,
-                prefix=cfg.name_prefix,
-                zone=cfg.recovery_zone,
-                machine_type=cfg.recovery.machine_type,
-                network=cfg.network,
-                subnetwork=cfg.subnetwork,
-                backend_url=str(cfg.recovery.backend_url),
-                training_bucket=training_bucket.name,
-                vm_service_account=account.account.name,
-                ssh_key=recovery_secrets.ssh_key,
-                ssh_key_file=str(cfg.ssh.private_key_file),
-                passphrase=recovery_secrets.passphrase,
-                kms_key=recovery_secrets.kms_key,
-                interval_s=cfg.recovery.interval_seconds,
-                labels=labels,
-            ),
-            opts=after_apis,
-        )
-
-    vm_tags = [cfg.ssh_tag]
+def declare_firewalls(
+    cfg: config_mod.StackConfig,
+    controller: recovery_mod.RecoveryController | None,
+    opts: pulumi.ResourceOptions,
+) -> tuple[firewall_mod.IngressRule, firewall_mod.IngressRule | None]:
+    """SSH from the configured ranges (and the controller); the serving API when it is open."""
     ssh_firewall = firewall_mod.IngressRule(
         "ssh",
         firewall_mod.FirewallArgs(
@@ -280,120 +360,97 @@ def build(
                 controller.address.apply(lambda ip: [f"{ip}/32"]) if controller else None
             ),
         ),
-        opts=after_apis,
+        opts=opts,
     )
-    api_firewall = None
-    if cfg.serving.enabled and cfg.serving.api_source_ranges:
-        api_firewall = firewall_mod.IngressRule(
-            "api",
-            firewall_mod.FirewallArgs(
-                project=cfg.project,
-                network=cfg.network,
-                rule_name=f"{cfg.name_prefix}-allow-api",
-                ports=(str(cfg.serving.port),),
-                source_ranges=cfg.serving.api_source_ranges,
-                target_tags=(cfg.api_tag,),
-                description="The vLLM OpenAI API of the serving VM from the configured ranges.",
-            ),
-            opts=after_apis,
+    if not (cfg.serving.enabled and cfg.serving.api_source_ranges):
+        return ssh_firewall, None
+    api_firewall = firewall_mod.IngressRule(
+        "api",
+        firewall_mod.FirewallArgs(
+            project=cfg.project,
+            network=cfg.network,
+            rule_name=f"{cfg.name_prefix}-allow-api",
+            ports=(str(cfg.serving.port),),
+            source_ranges=cfg.serving.api_source_ranges,
+            target_tags=(cfg.api_tag,),
+            description="The vLLM OpenAI API of the serving VM from the configured ranges.",
+        ),
+        opts=opts,
+    )
+    return ssh_firewall, api_firewall
+
+
+def declare_self_service(
+    cfg: config_mod.StackConfig, account: sa_mod.VmServiceAccount, released: bool
+) -> list[pulumi.Resource]:
+    """The grant that lets the declared VMs act on their own nodes (roles.VmRole.self_service);
+    none when no row asks for a permission."""
+    permissions = [
+        p for row in roles.ROLES if row.declared(cfg, released) for p in row.self_service(cfg)
+    ]
+    if not permissions:
+        return []
+    return [
+        sa_mod.self_service_grant(
+            "vm-sa-self", cfg.project, account, prefix=cfg.name_prefix, permissions=permissions
         )
+    ]
 
-    # The VMs boot straight into their startup scripts, which need the grants in place.
-    grants: list[pulumi.Resource] = [account, training_bucket, serving_bucket]
-    if secret is not None:
-        grants.append(secret)
-    vm_opts = pulumi.ResourceOptions(depends_on=grants + ([apis] if apis else []))
 
-    def tpu_vm(
-        role: str, section: Any, node_name: str, tags: tuple[str, ...], script: str, what: str
-    ) -> tpu_mod.TpuVm:
+def declare_vms(
+    cfg: config_mod.StackConfig,
+    labels: dict[str, str],
+    account: sa_mod.VmServiceAccount,
+    ssh_keys: str,
+    stack: str,
+    released: bool,
+    has_hf_secret: bool,
+    opts: pulumi.ResourceOptions,
+) -> dict[str, tpu_mod.TpuVm]:
+    """One TPU VM per row of roles.ROLES that the stack has now, keyed by role name."""
+    vms: dict[str, tpu_mod.TpuVm] = {}
+    for row in roles.ROLES:
+        if not row.declared(cfg, released):
+            continue
+        section = row.section(cfg)
         acc = catalog.accelerator(section.accelerator)
-        return tpu_mod.TpuVm(
-            role,
+        vms[row.name] = tpu_mod.TpuVm(
+            row.name,
             tpu_mod.TpuVmArgs(
                 project=cfg.project,
                 zones=section.zones,
-                node_name=node_name,
+                node_name=row.node_name(cfg),
                 accelerator_type=acc.name,
                 runtime_version=section.runtime_version or acc.runtime_version,
                 provisioning=section.provisioning,
                 service_account_email=account.email,
                 network=cfg.network,
                 subnetwork=cfg.subnetwork,
-                tags=tags,
-                labels={**labels, "role": role},
-                startup_script=script,
+                tags=row.tags(cfg),
+                labels={**labels, "role": row.name},
+                startup_script=row.startup_script(cfg, has_hf_secret),
                 ssh_keys=ssh_keys,
-                description=f"gemma4-tpu {what} slice ({stack})",
+                description=f"gemma4-tpu {row.noun} slice ({stack})",
                 queue_spot=section.queue.capacity == "spot",
                 queue_valid_for_hours=section.queue.valid_for_hours,
             ),
-            opts=vm_opts,
+            opts=opts,
         )
+    return vms
 
-    # The training VM deletes its own node when the run is done (workloads release); the serving
-    # VM stops its own after its time limit.
-    self_service: list[str] = []
-    if cfg.training.release_when_done and released is None:
-        self_service += sa_mod.RELEASE_PERMISSIONS
-    if cfg.serving.enabled and cfg.serving.stop_after_hours is not None:
-        self_service += sa_mod.STOP_PERMISSIONS
-    if self_service:
-        grants.append(
-            sa_mod.self_service_grant(
-                "vm-sa-self", cfg.project, account, prefix=cfg.name_prefix, permissions=self_service
-            )
-        )
-    train_vm = None
-    if released is None:
-        train_vm = tpu_vm(
-            "train",
-            cfg.training,
-            cfg.training_node_name,
-            tuple(vm_tags),
-            startup.render_train(cfg, has_hf_secret=secret is not None),
-            "training",
-        )
-    serve_vm = None
-    if cfg.serving.enabled:
-        serve_vm = tpu_vm(
-            "serve",
-            cfg.serving,
-            cfg.serving_node_name,
-            (*vm_tags, cfg.api_tag),
-            startup.render_serve(cfg),
-            "serving",
-        )
 
-    # The workloads wheel + run config pushed over SSH to every worker, started as systemd units.
-    deployments = stack_deployments.declare_for_stack(
-        cfg,
-        run_config,
-        train_hosts=train_vm.external_ips if train_vm is not None else None,
-        serve_hosts=serve_vm.external_ips if serve_vm is not None else None,
-        train_zone=train_vm.zone if train_vm is not None else None,
-        serve_zone=serve_vm.zone if serve_vm is not None else None,
-    )
-
-    resources = StackResources(
-        config=cfg,
-        run_config=run_config,
-        labels=labels,
-        apis=apis,
-        service_account=account,
-        training_bucket=training_bucket,
-        serving_bucket=serving_bucket,
-        secret=secret,
-        ssh_firewall=ssh_firewall,
-        api_firewall=api_firewall,
-        train_vm=train_vm,
-        serve_vm=serve_vm,
-        deployments=deployments,
-        released=released,
-        recovery=controller,
-    )
-    resources.outputs = stack_outputs(resources)
-    return resources
+def declare_deployments(
+    cfg: config_mod.StackConfig,
+    run_config: runconfig.RunConfig,
+    vms: dict[str, tpu_mod.TpuVm],
+) -> dict[str, workloads_mod.WorkloadsDeployment]:
+    """The workloads wheel + run config pushed over SSH to every worker of each VM, started as
+    systemd units."""
+    placed = {
+        name: stack_deployments.PlacedVm(hosts=vm.external_ips, zone=vm.zone)
+        for name, vm in vms.items()
+    }
+    return stack_deployments.declare_for_stack(cfg, run_config, placed)
 
 
 def stack_outputs(res: StackResources) -> dict[str, Any]:

@@ -147,8 +147,30 @@ class RecoveryController(pulumi.ComponentResource):
             description="Recreates a preempted training TPU (python -m infra.ops recover).",
             opts=child,
         )
+        self.grants: list[pulumi.Resource] = self._declare_grants(name, args, child)
+        passphrase_secret = self._declare_secrets(name, args, child)
+        source_uri = self._declare_source(name, args, child)
+        self._declare_vm(name, args, source_uri, has_passphrase=passphrase_secret is not None)
+        self.outputs = {
+            "vm": self.instance.name,
+            "zone": args.zone,
+            "address": self.address,
+            "serviceAccount": self.account.email,
+            "logsCommand": f"gcloud compute ssh {args.prefix}-recover --zone {args.zone} "
+            "-- journalctl -u gemma4-recover -f",
+            "estimatedMonthlyUsd": monthly_usd(
+                args.machine_type, 1 if passphrase_secret is None else 2
+            ),
+        }
+        self.register_outputs({"address": self.address})
+
+    def _declare_grants(
+        self, name: str, args: RecoveryArgs, child: pulumi.ResourceOptions
+    ) -> list[pulumi.Resource]:
+        """The least-privilege grants of the module docstring (TPU, logs, act-as the VMs'
+        account, the state bucket, read on the training bucket)."""
         member = self.account.member
-        self.grants: list[pulumi.Resource] = [
+        return [
             sa_mod.custom_role_grant(
                 f"{name}-tpu",
                 args.project,
@@ -189,6 +211,13 @@ class RecoveryController(pulumi.ComponentResource):
             ),
         ]
 
+    def _declare_secrets(
+        self, name: str, args: RecoveryArgs, child: pulumi.ResourceOptions
+    ) -> secret_mod.StoredSecret | None:
+        """The SSH key and passphrase secrets (and the KMS key's grant); added to self.grants.
+        Returns the passphrase secret, or None for a KMS secrets provider."""
+        member = self.account.member
+
         def secret(suffix: str, data: pulumi.Input[str]) -> secret_mod.StoredSecret:
             return secret_mod.StoredSecret(
                 f"{name}-{suffix}",
@@ -219,7 +248,12 @@ class RecoveryController(pulumi.ComponentResource):
                     opts=child,
                 )
             )
+        return passphrase_secret
 
+    def _declare_source(
+        self, name: str, args: RecoveryArgs, child: pulumi.ResourceOptions
+    ) -> pulumi.Output[str]:
+        """The source archive the controller runs, in the training bucket; returns its gs:// URI."""
         archive = source_archive.write_archive(args.stack, args.archive_dir, args.source_dir)
         object_name = f"recovery/source-{args.stack}.tar.gz"
         self.source = gcp.storage.BucketObject(
@@ -230,8 +264,13 @@ class RecoveryController(pulumi.ComponentResource):
             content_type="application/gzip",
             opts=child,
         )
-        source_uri = pulumi.Output.concat("gs://", args.training_bucket, "/", object_name)
+        return pulumi.Output.concat("gs://", args.training_bucket, "/", object_name)
 
+    def _declare_vm(
+        self, name: str, args: RecoveryArgs, source_uri: pulumi.Output[str], *, has_passphrase: bool
+    ) -> None:
+        """Its fixed address and the VM, which starts watching at boot."""
+        child = pulumi.ResourceOptions(parent=self)
         region = catalog.zone_region(args.zone)
         ip = gcp.compute.Address(
             f"{name}-ip",
@@ -248,7 +287,7 @@ class RecoveryController(pulumi.ComponentResource):
                 args,
                 uri,
                 secret_id(args.prefix, "ssh-key"),
-                secret_id(args.prefix, "passphrase") if passphrase_secret else "",
+                secret_id(args.prefix, "passphrase") if has_passphrase else "",
             )
         )
         network = gcp.compute.InstanceNetworkInterfaceArgs(
@@ -281,15 +320,3 @@ class RecoveryController(pulumi.ComponentResource):
             # It starts watching at boot: every grant and the source must exist by then.
             opts=pulumi.ResourceOptions(parent=self, depends_on=[*self.grants, self.source]),
         )
-        self.outputs = {
-            "vm": self.instance.name,
-            "zone": args.zone,
-            "address": self.address,
-            "serviceAccount": self.account.email,
-            "logsCommand": f"gcloud compute ssh {args.prefix}-recover --zone {args.zone} "
-            "-- journalctl -u gemma4-recover -f",
-            "estimatedMonthlyUsd": monthly_usd(
-                args.machine_type, 1 if passphrase_secret is None else 2
-            ),
-        }
-        self.register_outputs({"address": self.address})

@@ -1,65 +1,67 @@
-"""The deployments of a stack: one WorkloadsDeployment per VM it has (training, and serving when
-on), each given the run config without the other VM's sections, and the `deployments` output
-that `python -m infra.ops` reads."""
+"""The deployments of a stack: one WorkloadsDeployment per VM it has (a row of roles.ROLES),
+each given the run config without the sections its role leaves out, and the `deployments`
+output that `python -m infra.ops` reads."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pulumi
 
+from infra.components import roles
 from infra.components.workloads import WorkloadsDeployment, declare
-from infra.remote import ssh, ssh_access
-from infra.vm.units import Role
+from infra.remote import ssh
+from infra.resources import ssh_access
 from workloads import runconfig
 
 if TYPE_CHECKING:  # the config model is only needed for the type; no import cycle at runtime
     from infra.config import model as config
 
-# Run-config sections that only the serving VM reads. The training VM's copy leaves them out,
-# so that a serving change (port, maxModelLen, eval or bench settings) keeps the training
-# deployment's run-config hash and does not stop and restart a running training job.
-SERVE_ONLY_SECTIONS = ("serve", "eval", "bench", "stop")
 
-
-def run_config_for(role: Role, run_config: runconfig.RunConfig) -> runconfig.RunConfig:
-    """The run config one VM role gets: the training VM's without SERVE_ONLY_SECTIONS."""
+def run_config_for(role: str, run_config: runconfig.RunConfig) -> runconfig.RunConfig:
+    """The run config one VM role gets: without the sections its row leaves out."""
     data = run_config.model_dump(mode="json")
     # Each VM's copy leaves out the other's sections: a change there does not redeploy it.
-    data.update(dict.fromkeys(SERVE_ONLY_SECTIONS if role == "train" else ("release",)))
+    data.update(dict.fromkeys(roles.role(role).leaves_out))
     return runconfig.parse(data)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacedVm:
+    """Where one declared VM ended up: what its deployment connects to."""
+
+    hosts: pulumi.Input[Sequence[str]]
+    """The workers' addresses (TpuVm.external_ips)."""
+    zone: pulumi.Input[str] | None = None
+    """Where it was placed (TpuVm.zone); None = its configured zone."""
 
 
 def declare_for_stack(
     cfg: config.StackConfig,
     run_config: runconfig.RunConfig,
+    vms: Mapping[str, PlacedVm],
     *,
-    train_hosts: pulumi.Input[Sequence[str]] | None,
-    serve_hosts: pulumi.Input[Sequence[str]] | None = None,
-    train_zone: pulumi.Input[str] | None = None,
-    serve_zone: pulumi.Input[str] | None = None,
     known_hosts: str = ssh.DEFAULT_KNOWN_HOSTS,
     opts: pulumi.ResourceOptions | None = None,
 ) -> dict[str, WorkloadsDeployment]:
-    """Declares the deployments of a stack: the training VM, and the serving VM when it exists.
+    """Declares one deployment per VM the stack has, in the order of roles.ROLES.
 
     Args:
         cfg: the validated infra.config.model.StackConfig.
         run_config: infra.config.runconfig_render.render_run_config(cfg); each VM gets it without
-            the other's sections (run_config_for).
-        train_hosts: the training VM's worker addresses (TpuVm.external_ips), or None when the
-            run released its node.
-        serve_hosts: the serving VM's, or None when serving is off.
-        train_zone, serve_zone: where each VM was placed (TpuVm.zone); None = its configured zone.
+            the sections its role leaves out (run_config_for).
+        vms: role name -> where that VM is; a role the stack does not have now (serving off, a
+            released training node) is absent.
         known_hosts: the project-local known_hosts file (relative to the project directory).
-        opts: extra resource options for both (e.g. depends_on the bucket grants).
+        opts: extra resource options for all (e.g. depends_on the bucket grants).
 
     Returns:
         role -> component; export `ops_outputs(result)` as the `deployments` stack output.
     """
     # Portable values only: the key file is found where each operation runs
-    # (infra.remote.ssh_access).
+    # (infra.resources.ssh_access).
     access = ssh_access.SshAccess(
         stack=pulumi.get_stack(),
         user=cfg.ssh.user,
@@ -69,22 +71,19 @@ def declare_for_stack(
         known_hosts=known_hosts,
     )
     result: dict[str, WorkloadsDeployment] = {}
-    vms: tuple[tuple[Role, pulumi.Input[Sequence[str]] | None, str, pulumi.Input[str]], ...] = (
-        ("train", train_hosts, cfg.training_node_name, train_zone or cfg.training.zone),
-        ("serve", serve_hosts, cfg.serving_node_name, serve_zone or cfg.serving.zone),
-    )
-    for role, hosts, node, zone in vms:
-        if hosts is None:
+    for row in roles.ROLES:
+        vm = vms.get(row.name)
+        if vm is None:
             continue
-        result[role] = declare(
-            f"{role}-deploy",
-            vm=node,
-            role=role,
-            hosts=hosts,
-            run_config=run_config_for(role, run_config),
+        result[row.name] = declare(
+            f"{row.name}-deploy",
+            vm=row.node_name(cfg),
+            role=row.name,
+            hosts=vm.hosts,
+            run_config=run_config_for(row.name, run_config),
             access=access,
             project=cfg.project,
-            zone=zone,
+            zone=vm.zone or row.section(cfg).zone,
             opts=opts,
         )
     return result

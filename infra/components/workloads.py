@@ -11,9 +11,8 @@ from typing import Any
 import pulumi
 
 from infra import remote
-from infra.ops.deployment_record import VmInfo
-from infra.remote import ssh_access
-from infra.resources import ssh_deployment
+from infra.resources import ssh_access, ssh_deployment
+from infra.resources.deployment_record import VmInfo
 from infra.vm.units import Role, plan_units
 from infra.vm.workloads_wheel import Wheel, build_wheel
 from workloads import runconfig
@@ -29,7 +28,8 @@ class WorkloadsDeploymentArgs:
         hosts: worker addresses, worker 0 first (usually an Output of the TPU VM).
         run_config: the run config rendered from the stack config (infra.config.runconfig_render).
         ssh: the stack, user, key fingerprint, known_hosts name, port: portable values only;
-            the key file is found on the machine that runs each operation (infra.remote.ssh_access).
+            the key file is found on the machine that runs each operation
+            (infra.resources.ssh_access).
         project: Google Cloud project (for `python -m infra.ops status`).
         zone: the VM's zone (same).
         remote_root: prefix of every remote path; "/" on real VMs (tests use a temp dir).

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import pydantic
 from pydantic.alias_generators import to_camel
 
+from infra.errors import InfraError
 from workloads import catalog, settings
 
 PROJECT = "gemma4-tpu"
@@ -39,7 +40,7 @@ ProvisioningModel = Literal["spot", "preemptible", "on-demand", "queued"]
 QueuedCapacity = Literal["spot", "on-demand"]
 
 
-class ConfigError(Exception):
+class ConfigError(InfraError):
     """The stack config is invalid; `problems` holds one line per problem."""
 
     def __init__(self, problems: list[str]):

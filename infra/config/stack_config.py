@@ -26,8 +26,16 @@ from infra.config.model import (
     ConfigError,
     StackConfig,
 )
-from infra.vm import source_archive
 from workloads import settings
+
+# The checkout this program runs from: the stack files, pyproject.toml and the sources the VMs get.
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def stack_file(stack: str) -> str:
+    """The stack's config file name, relative to ROOT."""
+    return f"Pulumi.{stack}.yaml"
+
 
 # ---------------------------------------------------------------------------------------------
 # Parsing and error formatting
@@ -195,7 +203,7 @@ def secrets_provider(stack: str, root: pathlib.Path | None = None) -> str:
     """The stack's secrets provider as `pulumi stack init` wrote it into Pulumi.<stack>.yaml
     (`secretsprovider`); a stack file without one uses a passphrase (the self-managed backends'
     default, recorded as `encryptionsalt`)."""
-    path = (root or source_archive.ROOT) / source_archive.stack_file(stack)
+    path = (root or ROOT) / stack_file(stack)
     # An unreadable stack file reads as empty here; read_stack_file reports it.
     provider = _stack_document(path).get("secretsprovider")
     return str(provider) if provider else PASSPHRASE_PROVIDER

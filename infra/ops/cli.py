@@ -20,7 +20,8 @@ from typing import Any, TextIO
 import fabric
 
 from infra import remote
-from infra.ops import cost, recover
+from infra.errors import InfraError
+from infra.ops import cost, leftovers, recover
 from infra.ops.stack_outputs import (
     CloudRefused,
     OpsError,
@@ -30,12 +31,12 @@ from infra.ops.stack_outputs import (
     release_message,
     vm_info,
 )
-from infra.remote import ssh, ssh_access
+from infra.remote import ssh
 from infra.tpu import api as tpu_api
-from infra.tpu import leftovers
+from infra.vm import units
 from workloads import cli_options, errors, stages
 
-ROLES = ("train", "serve")
+ROLES = units.ROLES
 
 
 def _connections(info: VmInfo) -> list[fabric.Connection]:
@@ -496,7 +497,7 @@ def main(
                 file=sys.stderr,
             )
             return (exec_fn or _exec)(command)
-    except (OpsError, ssh.SshError, ssh_access.SshAccessError, remote.RemoteError) as exc:
+    except InfraError as exc:  # every error infra raises on purpose (infra/errors.py)
         if args.traceback or os.environ.get("WORKLOADS_TRACEBACK") == "1":
             traceback.print_exc()
         print(f"error: {exc}", file=sys.stderr)

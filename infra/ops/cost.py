@@ -23,7 +23,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from infra.ops.deployment_record import VmInfo
+from infra.resources.deployment_record import VmInfo
 from infra.tpu import api as tpu_api
 from workloads import catalog
 
@@ -118,7 +118,7 @@ def report(
     leftover_lines: Sequence[str] = (),
     leftover_costs: Sequence[NodeCost] = (),
 ) -> None:
-    """One line per VM, then what bills outside the state (infra/tpu/leftovers.py: its lines, and
+    """One line per VM, then what bills outside the state (infra/ops/leftovers.py: its lines, and
     the costs of its billed nodes, counted in the totals), then the totals."""
     for c in costs:
         head = f"{c.role} VM {c.vm}: {c.state}"

@@ -25,10 +25,12 @@ from typing import Any
 
 from pulumi import automation as auto
 
+from infra.errors import InfraError
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-class StackClientError(Exception):
+class StackClientError(InfraError):
     """The pulumi CLI is missing or a command failed; the message is one line."""
 
 

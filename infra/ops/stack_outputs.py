@@ -2,8 +2,8 @@
 
 The `deployments` output maps a role ("train", "serve") to what infra.components.stack_deployments
 exports as `ops_info` (worker addresses, SSH identity, units, run directory, serving port);
-VmInfo (infra/ops/deployment_record.py) is that record, typed, and the one thing the commands pass
-around.
+VmInfo (infra/resources/deployment_record.py) is that record, typed, and the one thing the
+commands pass around.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from infra.ops.deployment_record import VmInfo
+from infra.errors import CloudRefused, OpsError, Released
 from infra.ops.stack_client import StackClient, StackClientError
+from infra.resources.deployment_record import VmInfo
 
 __all__ = [
     "CloudRefused",
@@ -23,19 +24,6 @@ __all__ = [
     "release_message",
     "vm_info",
 ]
-
-
-class OpsError(Exception):
-    """A problem the operator can fix; printed as one line."""
-
-
-class CloudRefused(OpsError):
-    """Google Cloud answered a request with an error (permission, quota, a refused call): exit
-    status 4, so that a script tells it from a usage error (2)."""
-
-
-class Released(OpsError):
-    """The training VM gave its node back when its run finished (training.releaseWhenDone)."""
 
 
 def load_outputs(stack: str | None = None, outputs_file: str | None = None) -> dict[str, Any]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 from infra.remote.bundle import Bundle, fingerprint, sha256_text
 from infra.remote.errors import DeployError, DiskFull, ReadyTimeout, RemoteError
 from infra.remote.fleet import HostResult, deploy_all, undeploy_all
-from infra.remote.layout import WORKER, RemoteLayout
 from infra.remote.steps import (
     StepHook,
     WorkerState,
@@ -28,6 +27,7 @@ from infra.remote.steps import (
     undeploy,
 )
 from infra.remote.transport import chain, reachable, run, wait_ready
+from infra.vm.layout import WORKER, RemoteLayout
 
 __all__ = [
     "WORKER",

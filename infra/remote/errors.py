@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from infra.errors import InfraError
 
-class RemoteError(Exception):
+
+class RemoteError(InfraError):
     """A remote step failed on one worker.
 
     Attributes:
@@ -35,7 +37,7 @@ class RemoteError(Exception):
         super().__init__(f"{host}: step '{step}' {outcome}{where}: {detail}".rstrip(": "))
 
 
-class DeployError(Exception):
+class DeployError(InfraError):
     """One or more workers of a VM failed; the message has one line per failed worker."""
 
     def __init__(self, vm: str, errors: Sequence[BaseException]):

@@ -12,7 +12,6 @@ import fabric
 from infra.remote import ssh
 from infra.remote.bundle import Bundle
 from infra.remote.errors import DeployError, RemoteError
-from infra.remote.layout import RemoteLayout
 from infra.remote.steps import (
     StepHook,
     WorkerState,
@@ -24,6 +23,7 @@ from infra.remote.steps import (
     undeploy,
 )
 from infra.remote.transport import host_name, wait_ready
+from infra.vm.layout import RemoteLayout
 
 
 @dataclasses.dataclass

@@ -23,7 +23,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Sequence
 
-from infra.remote.layout import RemoteLayout
+from infra.vm.layout import RemoteLayout
 
 MARKER = "COMPLETE"
 # A release is named by the first hex digits of its bundle's fingerprint (Bundle.release); prune

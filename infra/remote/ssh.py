@@ -17,12 +17,14 @@ import threading
 import fabric
 import paramiko
 
+from infra.errors import InfraError
+
 DEFAULT_KNOWN_HOSTS = ".known_hosts"
 
 _KNOWN_HOSTS_LOCK = threading.Lock()
 
 
-class SshError(Exception):
+class SshError(InfraError):
     """A connection problem the user can act on (missing key, changed host key)."""
 
 

@@ -29,8 +29,8 @@ import paramiko
 from infra.remote import release, space
 from infra.remote.bundle import Bundle, sha256_text
 from infra.remote.errors import RemoteError
-from infra.remote.layout import RemoteLayout
 from infra.remote.transport import CONNECTION_ERRORS, chain, drop, host_name, run
+from infra.vm.layout import RemoteLayout
 from workloads import logs
 
 LOG = logs.get("deploy")

@@ -18,7 +18,7 @@ import paramiko
 
 from infra.remote import ssh
 from infra.remote.errors import ReadyTimeout, RemoteError
-from infra.remote.layout import RemoteLayout
+from infra.vm.layout import RemoteLayout
 from workloads import logs
 
 LOG = logs.get("deploy")

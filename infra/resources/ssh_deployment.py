@@ -23,9 +23,9 @@ import pulumi.dynamic
 import pydantic
 
 from infra import remote
-from infra.remote import ssh, ssh_access
+from infra.remote import ssh
 from infra.remote.ssh import SshSettings  # the field `ssh` below shadows the module in the class
-from infra.resources import dynamic_values
+from infra.resources import dynamic_values, ssh_access
 from infra.resources.previous_types import renamed_from
 from workloads import logs
 
@@ -47,7 +47,8 @@ CONTENT_KEYS = (
     "install_deps",
 )
 # How to reach the workers: an update so the state (used by delete) follows the config. Only
-# portable values (infra.remote.ssh_access): each operation finds the key file on its own machine.
+# portable values (infra.resources.ssh_access): each operation finds the key file on its own
+# machine.
 CONNECTION_KEYS = ("stack", "port", "ssh_user", "ssh_key_fingerprint", "known_hosts", "use_sudo")
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from infra.ops.stack_outputs import CloudRefused, OpsError
+from infra.errors import CloudRefused, OpsError
 from workloads.errors import exception_line
 
 T = TypeVar("T")

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from infra.errors import InfraError
 from workloads.errors import exception_line
 from workloads.logs import Say
 
@@ -83,7 +84,7 @@ OWNER_LABELS = ("app", "stack")
 PLACED_BY = {"placed-by": "gemma4-tpu-node"}
 
 
-class PlacementError(Exception):
+class PlacementError(InfraError):
     """The node cannot be placed; the message says why and what to change."""
 
 
@@ -439,7 +440,7 @@ def _create_in(
     return request.queued_name(zone)
 
 
-class QueueGaveUp(Exception):
+class QueueGaveUp(InfraError):
     """The queued resource left the queue without capacity (`place` moves on to the next
     zone)."""
 

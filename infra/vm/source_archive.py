@@ -16,7 +16,8 @@ import os
 import pathlib
 import tarfile
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from infra.config.stack_config import ROOT, stack_file
+
 # What the program needs to run (pip installs the project from pyproject.toml, which names the
 # README) and every file the workloads wheel is built from (LICENSE is in the wheel: without it
 # the controller's wheel, hence the deployment fingerprint, would differ from the laptop's); the
@@ -35,10 +36,6 @@ ENTRIES = (
 )
 SKIPPED_PARTS = ("__pycache__",)
 SKIPPED_SUFFIXES = (".pyc", ".pyo")
-
-
-def stack_file(stack: str) -> str:
-    return f"Pulumi.{stack}.yaml"
 
 
 def source_files(stack: str, root: pathlib.Path = ROOT) -> list[pathlib.Path]:

@@ -16,12 +16,12 @@ from typing import Any
 
 from infra.config import model as config_mod
 from infra.config import runconfig_render, sizing
-from infra.remote.layout import WORKER
 from infra.vm import templating
+from infra.vm.layout import WORKER
 from workloads import catalog, runconfig, stages
 
 PYTHON = "python3.11"
-# The worker paths the deploy steps use too (one definition, in infra/remote/layout.py).
+# The worker paths the deploy steps use too (one definition, in infra/vm/layout.py).
 VENV_DIR = WORKER.venv
 READY_MARKER = WORKER.ready_marker
 ENV_FILE = WORKER.env_file

@@ -8,8 +8,8 @@ from typing import Any, Literal
 
 import jinja2
 
-from infra import remote
 from infra.vm import templating
+from infra.vm.layout import RemoteLayout
 from workloads import runconfig
 
 Role = Literal["train", "serve"]
@@ -61,7 +61,7 @@ class UnitPlan:
 def plan_units(
     role: Role,
     run_config: runconfig.RunConfig,
-    layout: remote.RemoteLayout,
+    layout: RemoteLayout,
     *,
     curl: str = "/usr/bin/curl",
     restart_burst: int = 10,

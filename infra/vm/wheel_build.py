@@ -28,6 +28,8 @@ import zipfile
 from collections.abc import Iterable
 from typing import Any
 
+from infra.errors import WheelBuildError
+
 # 1980-01-01, the earliest time a zip member can carry.
 DEFAULT_EPOCH = 315532800
 GENERATOR = "gemma4-tpu infra/vm/wheel_build.py"
@@ -48,10 +50,6 @@ PROJECT_KEYS = frozenset(
     }
 )
 SETUPTOOLS_KEYS = frozenset({"packages", "package-data"})
-
-
-class WheelBuildError(Exception):
-    """The source tree cannot be built into a wheel (one line: the file, the key, the problem)."""
 
 
 def normalized(name: str) -> str:

@@ -10,6 +10,7 @@ import shutil
 import tempfile
 import zipfile
 
+from infra.errors import WheelBuildError
 from infra.vm import wheel_build
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -19,10 +20,6 @@ WHEEL_SOURCES = ("pyproject.toml", "README.md", "LICENSE", "setup.cfg", "workloa
 # The content hash ignores `infra/` (shipped in the same distribution but never run on the VMs)
 # and RECORD (it lists infra's hashes): editing the Pulumi program does not restart training.
 _HASH_IGNORED_PREFIXES = ("infra/",)
-
-
-class WheelBuildError(Exception):
-    """The checkout cannot be built into a wheel; the message names the file or key."""
 
 
 @dataclasses.dataclass(frozen=True)

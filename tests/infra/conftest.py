@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from infra import remote
-from infra.remote import ssh, ssh_access
-from infra.resources import ssh_deployment
+from infra.remote import ssh
+from infra.resources import ssh_access, ssh_deployment
 from infra.vm import units, workloads_wheel
 from tests.fixtures.sshd import Worker
 from workloads import runconfig

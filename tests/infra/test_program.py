@@ -390,7 +390,7 @@ def test_ssh_agent_identity_when_no_key_file_is_configured():
     for dep in rec.of_type("pulumi-python:dynamic/gemma4:SshDeployment"):
         assert (
             "ssh_key_path" not in dep.inputs
-        )  # each machine finds its own (infra.remote.ssh_access)
+        )  # each machine finds its own (infra.resources.ssh_access)
     assert rec.one(TPU, "train-node").inputs["metadata"]["ssh-keys"] == (
         f"gemma4:{pulumi_mocks.FAKE_PUBLIC_KEY}"
     )

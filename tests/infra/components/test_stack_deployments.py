@@ -1,14 +1,8 @@
-"""The whole Pulumi program under mocks, with the deployments declared for its VMs.
-
-Until infra/program.py calls `declare_for_stack` itself, the `wired` fixture adds exactly that
-call after `program.build` (the wiring the program is meant to have); once the program does it,
-the fixture steps aside and the same assertions check the real program.
-"""
+"""The whole Pulumi program under mocks, with the deployments declared for its VMs."""
 
 from __future__ import annotations
 
 import collections
-import inspect
 import json
 import pathlib
 from typing import Any
@@ -16,9 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import program
 from infra.components import stack_deployments
-from infra.config import model as config
 from infra.config import runconfig_render, stack_config
 from infra.ops import cli as ops
 from tests.fixtures import pulumi_mocks
@@ -29,31 +21,6 @@ COMPONENT = "gemma4-tpu:infra:WorkloadsDeployment"
 CHECKED: collections.Counter[str] = collections.Counter()
 
 
-def _program_declares_deployments() -> bool:
-    return "declare_for_stack" in inspect.getsource(program)
-
-
-@pytest.fixture
-def wired(monkeypatch: pytest.MonkeyPatch) -> None:
-    if _program_declares_deployments():
-        return
-    original = program.build
-
-    def build(cfg: config.StackConfig, hf_token: Any, **kwargs: Any) -> program.StackResources:
-        res = original(cfg, hf_token, **kwargs)
-        deployments = stack_deployments.declare_for_stack(
-            cfg,
-            res.run_config,
-            train_hosts=res.train_vm.external_ips,
-            serve_hosts=res.serve_vm.external_ips if res.serve_vm else None,
-        )
-        res.outputs["deployments"] = stack_deployments.ops_outputs(deployments)
-        return res
-
-    monkeypatch.setattr(program, "build", build)
-
-
-@pytest.mark.usefixtures("wired")
 @pytest.mark.parametrize("stack", ["dev", "prod"])
 def test_program_declares_one_deployment_per_vm(stack: str) -> None:
     mapping = pulumi_mocks.stack_file_config(stack)

@@ -10,8 +10,7 @@ import pytest
 
 from infra import remote
 from infra.components import workloads as component
-from infra.remote import ssh_access
-from infra.resources import ssh_deployment
+from infra.resources import ssh_access, ssh_deployment
 from infra.vm import workloads_wheel
 from tests.infra.conftest import make_run_config
 
@@ -104,7 +103,7 @@ def test_declare_registers_the_deployment_resource_with_its_inputs(
     assert inputs["units_sha256"] == ssh_deployment.units_sha256(inputs["units"])
     assert inputs["enable"] == inputs["start"] == ["gemma4-train.service"]
     assert inputs["ssh_user"] == "gemma4"
-    # Portable values only: each machine finds its own key file (infra.remote.ssh_access).
+    # Portable values only: each machine finds its own key file (infra.resources.ssh_access).
     assert (inputs["stack"], inputs["ssh_key_fingerprint"]) == ("dev", "SHA256:abc")
     assert "ssh_key_path" not in inputs
     assert inputs["known_hosts"] == ".known_hosts"  # inside the project of whoever runs it
@@ -140,8 +139,9 @@ def test_serve_role_deploys_serve_eval_bench(mocks: Recorder, wheel: workloads_w
 
 
 def test_the_exported_record_reads_back_as_the_same_record():
-    """One dataclass writes the `deployments` output and reads it (infra.ops.deployment_record)."""
-    from infra.ops.deployment_record import VmInfo
+    """One dataclass writes the `deployments` output and reads it
+    (infra.resources.deployment_record)."""
+    from infra.resources.deployment_record import VmInfo
 
     record = VmInfo(
         role="serve",
@@ -170,7 +170,7 @@ def test_the_exported_record_reads_back_as_the_same_record():
 def test_an_older_deployments_output_still_reads():
     """An output exported before `stack`, `use_sudo` and `start` were recorded, with its numbers
     as floats: what it meant is read back (sudo for any user but root, the first unit)."""
-    from infra.ops.deployment_record import VmInfo
+    from infra.resources.deployment_record import VmInfo
 
     old = {
         "role": "train",

@@ -19,8 +19,8 @@ from typing import Any, ClassVar
 import pytest
 
 from infra.ops import cli as ops
-from infra.ops.deployment_record import VmInfo
-from infra.remote import ssh_access
+from infra.resources import ssh_access
+from infra.resources.deployment_record import VmInfo
 from tests.fixtures.sshd import Worker
 from workloads import stages
 

@@ -18,8 +18,7 @@ import pytest
 from pulumi.runtime import proto, rpc
 
 from infra import remote
-from infra.remote import ssh_access
-from infra.resources import ssh_deployment
+from infra.resources import ssh_access, ssh_deployment
 from infra.vm import workloads_wheel
 from tests.fixtures.sshd import Worker
 from tests.infra.conftest import host, make_bundle, make_run_config, provider_props
@@ -185,7 +184,7 @@ def test_delete_skips_an_address_that_now_answers_with_another_host_key():
 # `python -u -m pulumi.dynamic`), with the project directory of the test's machine set first.
 PROVIDER_SERVER = (
     "import pathlib, runpy, sys\n"
-    "from infra.remote import ssh_access\n"
+    "from infra.resources import ssh_access\n"
     "ssh_access.PROJECT_DIR = pathlib.Path(sys.argv[1])\n"
     "runpy.run_module('pulumi.dynamic', run_name='__main__')\n"
 )

@@ -3,8 +3,8 @@
 infra.components.workloads builds a VmInfo per VM and exports it (`props()`) in the stack's
 `deployments` output; infra.ops and infra.ops.recover read it back (`VmInfo.model_validate`). One
 model for both sides: a field added here is exported and read with the same name. The SSH part
-is portable (infra.remote.ssh_access.SshAccess, its keys at the top level): `settings` finds the key
-file on the machine that reads it, so `ops` works from the recovery controller and from any
+is portable (infra.resources.ssh_access.SshAccess, its keys at the top level): `settings` finds
+the key file on the machine that reads it, so `ops` works from the recovery controller and from any
 clone alike.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import pydantic
 
-from infra.remote import ssh, ssh_access
-from infra.resources import dynamic_values
+from infra.remote import ssh
+from infra.resources import dynamic_values, ssh_access
 
 
 class VmInfo(dynamic_values.ProviderState):
@@ -57,7 +57,7 @@ class VmInfo(dynamic_values.ProviderState):
 
     @functools.cached_property
     def settings(self) -> ssh.SshSettings:
-        """How this machine reaches the workers (infra.remote.ssh_access.settings_here).
+        """How this machine reaches the workers (infra.resources.ssh_access.settings_here).
 
         Raises:
             ssh_access.SshAccessError: this machine's stack file cannot be read.

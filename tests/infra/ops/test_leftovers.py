@@ -14,8 +14,8 @@ from google.api_core import exceptions
 from google.cloud import tpu_v2
 
 from infra.ops import cli as ops
+from infra.ops import leftovers
 from infra.tpu import api as tpu_api
-from infra.tpu import leftovers
 from workloads import catalog
 
 NOW = datetime.datetime(2026, 11, 25, 12, 0, tzinfo=datetime.UTC)

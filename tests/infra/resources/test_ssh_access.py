@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 
-from infra.remote import ssh_access
-from infra.resources import ssh_deployment
+from infra.resources import ssh_access, ssh_deployment
 from infra.vm import workloads_wheel
 from tests.fixtures.sshd import STACK, Worker, write_stack_file
 from tests.infra.conftest import make_run_config, provider_props

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from infra.ops import cost
-from infra.ops.deployment_record import VmInfo
+from infra.resources.deployment_record import VmInfo
 from infra.tpu import api as tpu_api
 
 SCOPE_OUTPUT = "tpuScope"

@@ -26,19 +26,19 @@ import pydantic
 
 from infra.config import stack_config
 from infra.config.model import ConfigError, SshSection
+from infra.errors import InfraError
 from infra.remote import ssh
 from infra.resources import dynamic_values
-from infra.vm import source_archive
 from workloads import logs
 
 LOG = logs.get("ssh")
 
 # The project directory (holding Pulumi.yaml and the stack files) of this machine's checkout:
 # where the program, its dynamic providers and `python -m infra.ops` find the stack file.
-PROJECT_DIR = source_archive.ROOT
+PROJECT_DIR = stack_config.ROOT
 
 
-class SshAccessError(Exception):
+class SshAccessError(InfraError):
     """The stack file on this machine cannot say how to reach the workers (one line)."""
 
 
@@ -139,7 +139,7 @@ def _stack_name(access: SshAccess, project_dir: pathlib.Path) -> str | None:
 def _ssh_section(project_dir: pathlib.Path, stack: str, user: str) -> SshSection:
     """ssh.* of this machine's Pulumi.<stack>.yaml; the defaults when the file sets none (the
     program would use them too), with the state's user when there is no stack file here."""
-    path = project_dir / source_archive.stack_file(stack)
+    path = project_dir / stack_config.stack_file(stack)
     if not path.is_file():
         return SshSection(user=user)
     try:
