@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 
 import numpy as np
 import pytest
@@ -106,15 +107,19 @@ def test_an_unknown_lever_is_one_line(capsys):
     assert "unknown lever(s) fast-please" in capsys.readouterr().err
 
 
-def test_the_readme_quotes_the_committed_lever_results():
-    """The README's levers table is what step_levers prints from the committed results of
-    today's step (after a change of the step, re-run `benchmarks/step_levers.py --depths 6,12`
-    and commit what it writes to .compile-check/levers/)."""
+def test_the_benchmarks_page_quotes_the_committed_lever_results():
+    """The levers table of docs/benchmarks.md is what step_levers prints from the committed
+    results of today's step (after a change of the step, re-run `benchmarks/step_levers.py
+    --depths 6,12` and commit what it writes to .compile-check/levers/)."""
     from infra.ops import compile_check
 
     key = compile_check.cache_key(compile_check.step_settings(step_levers.stack("prod")))
-    readme = (compile_check.ROOT / "README.md").read_text()
-    section = readme.split("**Levers tried on the step**", 1)[1].split("What a TPU run", 1)[0]
+    page = (compile_check.ROOT / "docs" / "benchmarks.md").read_text()
+    heading = "\n### Levers tried on the step\n"
+    assert heading in page, "docs/benchmarks.md has no levers section"
+    # The section: from its heading to the next heading of any level.
+    section = re.split(r"\n#{1,6} ", page.split(heading, 1)[1], maxsplit=1)[0]
+    assert "| lever |" in section, "the levers section of docs/benchmarks.md has no table"
     for lever in step_levers.LEVERS:
         paths = [compile_check.lever_path(key, lever, layers) for layers in (6, 12)]
         missing = [p.name for p in paths if not p.is_file()]
@@ -127,4 +132,6 @@ def test_the_readme_quotes_the_committed_lever_results():
             (lambda r: sum(r["collectives"]["ring_bytes"].values()) / 1e9, "{:.1f} GB"),
         ):
             quoted = text.format(step_levers._at(results, 60, value))
-            assert quoted in section, f"README's levers table does not quote {lever}'s {quoted}"
+            assert quoted in section, (
+                f"docs/benchmarks.md's levers table does not quote {lever}'s {quoted}"
+            )

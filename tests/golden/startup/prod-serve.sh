@@ -15,7 +15,7 @@ readonly LOG_FILE=/var/log/gemma4-startup.log
 readonly STAGES_FILE=/var/lib/gemma4/stages.jsonl
 # This script, kept on the VM so the jobs after ready can run it as their own systemd unit.
 readonly SCRIPT_COPY=/var/lib/gemma4/startup.sh
-readonly REQUIREMENTS_DIGEST=7dd528519c5c329c
+readonly REQUIREMENTS_DIGEST=cce18adf7fa5dc15
 # gs://.../venv-<digest>.tar.gz: this venv packed by the first VM, restored by the others ('':
 # none). Its .sha256 next to it is written last and checked before anything is unpacked.
 readonly VENV_ARCHIVE_URI=''
@@ -73,6 +73,7 @@ readonly -a CONSTRAINTS=(
   frozenlist==1.8.0
   fsspec==2026.9.0
   gcsfs==2026.10.1
+  ghp-import==2.1.0
   google-api-core==2.44.0
   google-auth==2.63.0
   google-auth-oauthlib==1.5.0
@@ -112,10 +113,14 @@ readonly -a CONSTRAINTS=(
   librt==0.17.0
   libtpu==0.0.42.1
   llvmlite==0.50.0
+  markdown==3.11.3
   markdown-it-py==4.3.0
   markupsafe==3.0.4
   matplotlib==3.11.2
   mdurl==0.1.2
+  mergedeep==1.3.4
+  mkdocs==1.6.1
+  mkdocs-get-deps==0.2.2
   ml-collections==1.1.0
   ml-dtypes==0.6.0
   mpmath==1.3.0
@@ -147,6 +152,7 @@ readonly -a CONSTRAINTS=(
   pathspec==1.1.1
   perfetto==0.59.1
   pillow==13.0.0
+  platformdirs==4.14.8
   pluggy==1.7.0
   portpicker==1.6.0
   prometheus-client==0.26.0
@@ -172,6 +178,7 @@ readonly -a CONSTRAINTS=(
   python-dateutil==4.0.0
   python-dotenv==1.2.4
   pyyaml==6.0.4
+  pyyaml-env-tag==1.1
   qwix==0.1.8
   regex==2026.11.19
   requests==2.34.2
@@ -208,6 +215,7 @@ readonly -a CONSTRAINTS=(
   uv==0.13.8
   uvloop==0.23.0
   wadler-lindig==0.1.8
+  watchdog==7.1.0
   wrapt==2.5.2
   xxhash==4.1.0
   yarl==1.25.1
