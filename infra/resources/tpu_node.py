@@ -136,6 +136,22 @@ def _gone_now(id_: str, olds: Mapping[str, Any]) -> bool:
     return node is None or str(node.get("state") or "") in tpu_placement.NODE_GONE
 
 
+# How `destroy` waits for a queued resource being deleted (tests shorten them).
+QUEUE_POLL_S = 15.0
+QUEUE_DELETE_WAIT_S = tpu_placement.QUEUE_DELETE_WAIT_S
+
+
+def remove_queues(api: tpu_placement.PlacementApi, props: Mapping[str, Any]) -> None:
+    """Deletes the node's queued resources in every zone it lists, the ones its state never
+    recorded included (tpu_placement.remove_stack_queues): Pulumi cannot cancel a dynamic
+    provider's create, so Ctrl-C while a queue waits leaves that queue behind, and `destroy`
+    must not leave what can still start a billed TPU. Old states (every number a float, unset
+    inputs None) read back as any other."""
+    inputs = TpuNodeInputs.model_validate(props)
+    waits = tpu_placement.Waits(poll_s=QUEUE_POLL_S, delete_wait_s=QUEUE_DELETE_WAIT_S)
+    tpu_placement.remove_stack_queues(api, inputs.request(), _say(inputs.node_id), waits)
+
+
 class TpuNodeProvider(pulumi.dynamic.ResourceProvider):
     """create places (zone failover, queue), update changes labels/metadata in place, delete
     removes the node and its queued resource, read refreshes state and addresses."""
@@ -192,7 +208,10 @@ class TpuNodeProvider(pulumi.dynamic.ResourceProvider):
         return pulumi.dynamic.UpdateResult(outs=outs)
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
-        tpu_placement.remove(new_api(), id_, props.get("queued_resource"))
+        api = new_api()
+        if id_:
+            tpu_placement.remove(api, id_, props.get("queued_resource"))
+        remove_queues(api, props)
 
     def read(self, id_: str, props: dict[str, Any]) -> pulumi.dynamic.ReadResult:
         node = new_api().get_node(id_)
