@@ -4,14 +4,18 @@ create/update/read/delete against a fake Cloud TPU API (tests/infra/tpu/test_pla
 from __future__ import annotations
 
 import base64
+import subprocess
 from typing import Any
 
 import dill
+import paramiko
 import pulumi.dynamic
 import pytest
 
+from infra.remote import ssh
 from infra.resources import tpu_node
 from infra.tpu import placement as tpu_placement
+from tests.fixtures.sshd import Worker
 from tests.infra.tpu.test_placement import NODE, STOCKOUT, FakeTpu
 
 PROPS: dict[str, Any] = {
@@ -208,3 +212,57 @@ def test_destroy_goes_on_past_a_zone_that_refuses_reads(api: FakeTpu) -> None:
     )
     provider.delete(created.id, created.outs or {})
     assert api.nodes == {}
+
+
+def _new_host_key(worker: Worker) -> None:
+    """The worker's address comes back on another VM: same address and port, a new host key."""
+    worker.stop()
+    for path in worker.base.glob("ssh_host_ed25519_key*"):
+        path.unlink()
+    subprocess.run(
+        [
+            "ssh-keygen",
+            "-q",
+            "-t",
+            "ed25519",
+            "-N",
+            "",
+            "-f",
+            str(worker.base / "ssh_host_ed25519_key"),
+        ],
+        check=True,
+    )
+    worker.start()
+
+
+def _echo(worker: Worker) -> str:
+    conn = ssh.connect(worker.host, worker.settings)
+    try:
+        return str(conn.run("echo hello", hide=True, in_stream=False).stdout)
+    finally:
+        conn.close()
+
+
+@pytest.mark.sshd
+def test_a_replaced_node_s_recycled_address_is_a_new_host(
+    worker: Worker, api: FakeTpu, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node replaced (deleted, then created again) can get its ephemeral address back with a
+    new host key: the deleted node's keys leave known_hosts, so the deploy trusts the new host;
+    without the node's deletion the same change is still refused as a changed host key."""
+    monkeypatch.setattr(tpu_node, "known_hosts_file", lambda: worker.known_hosts)
+    provider = tpu_node.TpuNodeProvider()
+    created = provider.create(dict(PROPS))
+    outs = dict(created.outs or {})
+    outs["network_endpoints"] = [
+        {"ip_address": "10.0.0.2", "access_config": {"external_ip": worker.host}}
+    ]
+    assert _echo(worker) == "hello\n"  # the first node's key is pinned
+    _new_host_key(worker)
+    with pytest.raises(paramiko.BadHostKeyException):  # not replaced: still an error
+        _echo(worker)
+
+    provider.delete(created.id, outs)  # Pulumi replaces the node: delete first
+    assert _echo(worker) == "hello\n"
+    new_key = (worker.base / "ssh_host_ed25519_key.pub").read_text().split()[1]
+    assert new_key in worker.known_hosts.read_text()
