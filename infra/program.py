@@ -14,7 +14,6 @@ import dataclasses
 import functools
 import os
 import pathlib
-import re
 from typing import Any
 
 import pulumi
@@ -30,6 +29,7 @@ from infra.components import tpu_vm as tpu_mod
 from infra.components import workloads as workloads_mod
 from infra.config import model as config_mod
 from infra.config import runconfig_render, stack_config, validation
+from infra.config.labels import base_labels, tpu_scope
 from infra.ops import compile_check, release_record
 from workloads import catalog, errors, runconfig
 
@@ -75,19 +75,6 @@ class StackResources:
 # Pure helpers (named functions for Output.apply)
 
 
-def _label_value(text: str) -> str:
-    return re.sub(r"[^a-z0-9_-]", "-", text.lower())[:63]
-
-
-def base_labels(cfg: config_mod.StackConfig, stack: str) -> dict[str, str]:
-    return {
-        "app": "gemma4-tpu",
-        "stack": _label_value(stack),
-        "run": _label_value(cfg.run_name),
-        **cfg.labels,
-    }
-
-
 def _identity(key_file: str | None) -> str:
     """`-i KEY ` for a key file; nothing with ssh-agent (ssh.privateKeyFile null)."""
     return f"-i {key_file} " if key_file else ""
@@ -118,17 +105,6 @@ def hourly_cost(cfg: config_mod.StackConfig) -> dict[str, Any]:
         "serving": serving,
         "total": round(training + serving, 2),
         "basis": COST_BASIS,
-    }
-
-
-def tpu_scope(cfg: config_mod.StackConfig, labels: dict[str, str]) -> dict[str, Any]:
-    """The project, every zone either VM may be placed in, and the labels that mark the stack's
-    TPUs (what infra.ops.leftovers scans)."""
-    zones = [*cfg.training.zones, *(cfg.serving.zones if cfg.serving.enabled else ())]
-    return {
-        "project": cfg.project,
-        "zones": list(dict.fromkeys(zones)),
-        "labels": {k: labels[k] for k in ("app", "stack")},
     }
 
 

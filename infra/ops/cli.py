@@ -21,7 +21,7 @@ import fabric
 
 from infra import remote
 from infra.errors import InfraError
-from infra.ops import cost, leftovers, recover
+from infra.ops import cost, leftovers, recover, stack_client
 from infra.ops.stack_outputs import (
     CloudRefused,
     OpsError,
@@ -481,7 +481,10 @@ def main(
             )
         outputs = load_outputs(args.stack, args.outputs)
         if args.command == "status":
-            return _status(outputs, args.vm, out, tpu_client_factory, as_json=args.json)
+            fallback = _stack_file_scope(outputs, args.stack, args.outputs)
+            return _status(
+                outputs, args.vm, out, tpu_client_factory, as_json=args.json, fallback=fallback
+            )
         info = vm_info(outputs, args.vm)
         if args.command == "logs":
             return logs(info, out, follow=args.follow, lines=args.lines)
@@ -516,19 +519,34 @@ def _status(
     tpu_client_factory: Callable[[], Any] | None,
     *,
     as_json: bool,
+    fallback: leftovers.Scope | None = None,
 ) -> int:
     """`ops status`: the VM's record, who recovers it, what bills outside the state; 1 if a unit
     failed. With `as_json`, one object: {"vm": status_record or null, "released": why the
-    training VM is gone or null, "recoveredBy": the controller line or null, "leftovers": [...]}.
+    training VM is gone or null, "recoveredBy": the controller line or null, "leftovers": [...],
+    "notDeployed": why there is no VM to report (a destroyed stack) or null}. `fallback`: where
+    to look for leftovers when the outputs do not say (the stack file's scope); with it, a stack
+    with no deployments (destroyed) reports its leftovers instead of failing.
+
+    Raises:
+        OpsError: no such VM (and, without a scope to scan, no deployments at all).
     """
     watcher = _controller_line(outputs)
+    not_deployed = None
     try:
         info: VmInfo | None = vm_info(outputs, role)
         released = None
     except Released as exc:
         info, released = None, str(exc)  # the run's normal end, not an error
+    except OpsError as exc:
+        scope = leftovers.Scope.from_outputs(outputs) or fallback
+        if outputs.get("deployments") or scope is None:
+            raise
+        info, released, not_deployed = None, None, str(exc)  # destroyed: what is left bills
     record = status_record(info, tpu_client_factory=tpu_client_factory) if info else None
-    leftover_lines = leftovers.report_lines(outputs, _deployed(outputs), tpu_client_factory)[0]
+    leftover_lines = leftovers.report_lines(
+        outputs, _deployed(outputs), tpu_client_factory, fallback=fallback
+    )[0]
     code = 1 if record and record["failed"] else 0
     if as_json:
         recovered_by = watcher.strip() if watcher and role == "train" else None
@@ -538,6 +556,7 @@ def _status(
                 "released": released,
                 "recoveredBy": recovered_by,
                 "leftovers": leftover_lines,
+                "notDeployed": not_deployed,
             },
             out,
             indent=2,
@@ -545,7 +564,7 @@ def _status(
         out.write("\n")
         return code
     if record is None:
-        print(f"{role} VM: {released}", file=out)
+        print(f"{role} VM: {released or not_deployed}", file=out)
     else:
         print_status(record, out)
         if watcher and role == "train":
@@ -553,6 +572,19 @@ def _status(
     for line in leftover_lines:
         print(line, file=out)
     return code
+
+
+def _stack_file_scope(
+    outputs: dict[str, Any], stack: str | None, outputs_file: str | None
+) -> leftovers.Scope | None:
+    """Where the stack's TPUs can be according to its stack file, when its outputs (read from
+    the stack) do not say (no `tpuScope`: a destroyed stack, or one made before that output);
+    None when they do, when an --outputs file stands in for the stack (it wins over --stack),
+    or when no stack is selected."""
+    if outputs_file or leftovers.Scope.from_outputs(outputs) is not None:
+        return None
+    name = stack or stack_client.current_stack_name()
+    return leftovers.scope_from_stack_file(name) if name else None
 
 
 def _controller(outputs: dict[str, Any]) -> dict[str, Any] | None:

@@ -10,19 +10,25 @@ zones that carries the stack's `app` and `stack` labels, priced, with the comman
 it.
 
 Where to look comes from the `tpuScope` output (project, the zones of both VMs' lists, the owner
-labels); a stack without it (made before it existed) is not scanned.
+labels); a stack without it (destroyed, or made before it existed) is scanned where its stack
+file says the same things (`scope_from_stack_file`). A zone the API will not list is "unknown"
+for that zone alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import pathlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from infra.ops import cost
+from infra.ops import cost, stack_client
 from infra.resources.deployment_record import VmInfo
 from infra.tpu import api as tpu_api
+
+# This checkout's project directory, where scope_from_stack_file finds the stack files.
+PROJECT_DIR = stack_client.ROOT
 
 SCOPE_OUTPUT = "tpuScope"
 """The stack output that says where this stack's TPUs can be: {project, zones, labels}."""
@@ -107,6 +113,22 @@ def _queued_state(queued: Any) -> str:
     return str(getattr(state, "name", None) or state or "STATE_UNSPECIFIED")
 
 
+@dataclasses.dataclass(frozen=True)
+class Unreadable:
+    """A zone of the scope the TPU API would not list: what is there is unknown."""
+
+    zone: str
+    error: BaseException
+
+    def line(self) -> str:
+        from workloads.errors import exception_line
+
+        return (
+            f"not in the stack's state: unknown in {self.zone} "
+            f"(cannot list TPUs there: {exception_line(self.error)})"
+        )
+
+
 def find(
     client: Any,
     scope: Scope,
@@ -117,25 +139,61 @@ def find(
     state's (zone, node id) pairs) does not hold; a queued resource of a known node is its own.
 
     Raises:
-        Exception: whatever the TPU API raised (permissions, network).
+        Exception: whatever the TPU API raised for the first zone it would not list.
     """
+    found, unreadable = scan(client, scope, known, now)
+    if unreadable:
+        raise unreadable[0].error
+    return found
+
+
+def scan(
+    client: Any,
+    scope: Scope,
+    known: set[tuple[str, str]],
+    now: datetime.datetime | None = None,
+) -> tuple[list[Leftover], list[Unreadable]]:
+    """find, zone by zone: (what the zones that answered hold, the zones that did not). One zone
+    the API refuses (a location policy, a zone without Cloud TPU: 403 "Location ... is not found
+    or access is unauthorized") leaves only that zone unknown."""
     moment = now or datetime.datetime.now(datetime.UTC)
     found: list[Leftover] = []
+    unreadable: list[Unreadable] = []
     for zone in scope.zones:
-        parent = f"projects/{scope.project}/locations/{zone}"
-        for node in client.list_nodes(parent=parent):
-            name = _id(node.name)
-            if (zone, name) in known or not scope.owns(getattr(node, "labels", None)):
-                continue
-            priced = cost.price("leftover", name, node, moment)
-            found.append(Leftover("node", name, zone, priced.state, priced))
-        for queued in client.list_queued_resources(parent=parent):
-            name = _id(queued.name)
-            if (zone, name) in known or not scope.owns(_queued_labels(queued)):
-                continue
-            found.append(Leftover("queued resource", name, zone, _queued_state(queued)))
+        try:
+            found += _zone_leftovers(client, scope, zone, known, moment)
+        except Exception as exc:
+            unreadable.append(Unreadable(zone, exc))
     # Nodes (what bills) before queued resources, each in zone order.
-    return sorted(found, key=lambda item: item.kind != "node")
+    return sorted(found, key=lambda item: item.kind != "node"), unreadable
+
+
+def _zone_leftovers(
+    client: Any,
+    scope: Scope,
+    zone: str,
+    known: set[tuple[str, str]],
+    moment: datetime.datetime,
+) -> list[Leftover]:
+    """The leftovers in one zone.
+
+    Raises:
+        Exception: whatever the TPU API raised listing the zone.
+    """
+    found: list[Leftover] = []
+    parent = f"projects/{scope.project}/locations/{zone}"
+    for node in client.list_nodes(parent=parent):
+        name = _id(node.name)
+        if (zone, name) in known or not scope.owns(getattr(node, "labels", None)):
+            continue
+        priced = cost.price("leftover", name, node, moment)
+        found.append(Leftover("node", name, zone, priced.state, priced))
+    for queued in client.list_queued_resources(parent=parent):
+        name = _id(queued.name)
+        if (zone, name) in known or not scope.owns(_queued_labels(queued)):
+            continue
+        found.append(Leftover("queued resource", name, zone, _queued_state(queued)))
+    return found
 
 
 def report_lines(
@@ -143,19 +201,41 @@ def report_lines(
     infos: Iterable[VmInfo],
     client_factory: Any,
     now: datetime.datetime | None = None,
+    fallback: Scope | None = None,
 ) -> tuple[list[str], list[cost.NodeCost]]:
-    """(lines to print, the billed leftover nodes' costs) for a stack's outputs; nothing when
-    the stack has no `tpuScope` output. A failed scan is one line, not an error: the rest of
-    the command's report stands."""
-    scope = Scope.from_outputs(outputs)
+    """(lines to print, the billed leftover nodes' costs) for a stack's outputs; where the
+    stack has no `tpuScope` output (destroyed, or made before it), the `fallback` scope (the
+    stack file's: scope_from_stack_file); nothing without either. A failed scan is one line
+    per zone it could not list, not an error: the rest of the command's report stands."""
+    scope = Scope.from_outputs(outputs) or fallback
     if scope is None:
         return [], []
     try:
         client = tpu_api.new_client(client_factory)
-        leftovers = find(client, scope, known_nodes(infos), now)
     except Exception as exc:
         from workloads.errors import exception_line
 
         return [f"not in the stack's state: unknown (cannot list TPUs: {exception_line(exc)})"], []
+    leftovers, unreadable = scan(client, scope, known_nodes(infos), now)
     costs = [item.priced for item in leftovers if item.priced is not None and item.priced.billing]
-    return [item.line() for item in leftovers], costs
+    return [item.line() for item in leftovers] + [zone.line() for zone in unreadable], costs
+
+
+def scope_from_stack_file(stack: str, project_dir: pathlib.Path | None = None) -> Scope | None:
+    """Where the stack's TPUs can be, from this checkout's Pulumi.<stack>.yaml (the project,
+    both VMs' zone lists, the labels the program puts on them: infra.config.labels.tpu_scope), for a
+    stack whose outputs cannot say (after `pulumi destroy` they are empty, and a queue an
+    interrupted `up` left can still start a billed TPU). None when the file is missing, or too
+    broken to name a project and zones.
+    """
+    from infra.config import labels, stack_config
+    from infra.config import model as config_mod
+
+    path = (project_dir or PROJECT_DIR) / f"Pulumi.{stack}.yaml"
+    if not path.is_file():
+        return None
+    try:
+        cfg = stack_config.parse_stack_config(stack_config.read_stack_file(path), validate=False)
+    except config_mod.ConfigError:
+        return None
+    return Scope.from_outputs({SCOPE_OUTPUT: labels.tpu_scope(cfg, labels.base_labels(cfg, stack))})

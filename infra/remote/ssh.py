@@ -82,9 +82,11 @@ class TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
                 current = paramiko.HostKeys()
                 handle.seek(0)
                 for line in handle:
+                    if line.lstrip().startswith("#"):
+                        continue  # a comment (OpenSSH allows them; from_line would choke)
                     try:
                         entry = paramiko.hostkeys.HostKeyEntry.from_line(line)
-                    except paramiko.SSHException:
+                    except (paramiko.SSHException, paramiko.hostkeys.InvalidHostKey):
                         continue  # a line paramiko cannot parse (e.g. a marker) never matches
                     if entry is not None:
                         for name in entry.hostnames:
@@ -101,6 +103,61 @@ class TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
                     entry = paramiko.hostkeys.HostKeyEntry([hostname], key)
                     handle.write(entry.to_line())
         client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+def _names_host(name: str, hosts: set[str], ports: tuple[int, ...]) -> bool:
+    """Whether a known_hosts name is one of `hosts`: a plain or `[h]:p` name on any port, a
+    hashed one (`|1|salt|hash`, what OpenSSH writes with HashKnownHosts) on one of `ports`."""
+    if name.startswith("|1|"):
+        salt = name.split("|")[2]
+        return any(
+            paramiko.HostKeys.hash_host(known_hosts_name(host, port), salt) == name
+            for host in hosts
+            for port in ports
+        )
+    plain = name[1:].split("]:", 1)[0] if name.startswith("[") else name
+    return plain in hosts
+
+
+def forget_hosts(
+    known_hosts: str | pathlib.Path, hosts: list[str], ports: tuple[int, ...] = (22,)
+) -> list[str]:
+    """Removes every key recorded for `hosts` (addresses; hashed names are matched on `ports`,
+    plain ones on any port) from a known_hosts file:
+    the machines behind those addresses are gone (a deleted or replaced TPU node), and an
+    ephemeral address comes back on another VM with another key, which trust on first use must
+    then take as the new host it is. Other lines, comments and markers stay as they were. The
+    file is rewritten whole (a temporary file renamed over it), under the same locks as
+    TrustOnFirstUse.
+
+    Returns:
+        The names whose lines were removed (empty when the file does not exist).
+    """
+    path = pathlib.Path(known_hosts)
+    wanted = {parse_address(h, 22)[0] for h in hosts if h}
+    if not wanted or not path.is_file():
+        return []
+    removed: list[str] = []
+    with _KNOWN_HOSTS_LOCK, open(path, "r+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        kept = []
+        for line in handle:
+            # Comments and marker lines (@cert-authority, @revoked) are never a host's key.
+            entry = not line.lstrip().startswith(("#", "@")) and bool(line.strip())
+            names = line.split(None, 1)[0].split(",") if entry else []
+            if any(_names_host(name, wanted, ports) for name in names):
+                removed += names
+                continue
+            kept.append(line)
+        if removed:
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.writelines(kept)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, path)
+    return removed
 
 
 def parse_address(address: str, default_port: int) -> tuple[str, int]:

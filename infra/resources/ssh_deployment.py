@@ -123,6 +123,21 @@ class DeploymentOutputs(DeploymentInputs):
     changed_hosts: list[str]
 
 
+def _forget_hosts(inputs: DeploymentInputs, settings: SshSettings) -> None:
+    """Drops the deployment's old workers from known_hosts once it is deleted: a different host
+    list replaces the deployment (this delete runs first), and the old addresses, ephemeral,
+    can come back on another VM with another host key, which must then be trusted as a new
+    host. Best effort: the units are stopped already, and a key left behind only makes a later
+    connection say how to forget it."""
+    try:
+        removed = ssh.forget_hosts(settings.known_hosts, list(inputs.hosts), (settings.port, 22))
+    except OSError as exc:
+        LOG.warning("%s: cannot update %s: %s", inputs.vm, settings.known_hosts, exc)
+        return
+    if removed:
+        LOG.info("%s: forgot the host keys of %s", inputs.vm, ", ".join(sorted(set(removed))))
+
+
 def units_sha256(units: Mapping[str, str]) -> str:
     return remote.sha256_text(
         "\n".join(f"{name}\0{remote.sha256_text(text)}" for name, text in sorted(units.items()))
@@ -243,6 +258,7 @@ class SshDeploymentProvider(pulumi.dynamic.ResourceProvider):
         finally:
             for conn in conns:
                 conn.close()
+        _forget_hosts(inputs, settings)
 
     def _deploy(self, inputs: DeploymentInputs) -> dict[str, Any]:
         bundle = inputs.local_bundle()

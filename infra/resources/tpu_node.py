@@ -15,6 +15,7 @@ Credentials (as pulumi-gcp does); Pulumi stores it with dill, by reference to th
 
 from __future__ import annotations
 
+import pathlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,9 +23,11 @@ import pulumi
 import pulumi.dynamic
 import pydantic
 
+from infra.remote import ssh
 from infra.resources import dynamic_values
 from infra.tpu import api as tpu_api
 from infra.tpu import placement as tpu_placement
+from infra.vm import source_archive
 from workloads import logs
 
 
@@ -136,6 +139,47 @@ def _gone_now(id_: str, olds: Mapping[str, Any]) -> bool:
     return node is None or str(node.get("state") or "") in tpu_placement.NODE_GONE
 
 
+# How `destroy` waits for a queued resource being deleted (tests shorten them).
+QUEUE_POLL_S = 15.0
+QUEUE_DELETE_WAIT_S = tpu_placement.QUEUE_DELETE_WAIT_S
+
+
+def known_hosts_file() -> pathlib.Path:
+    """The project-local known_hosts of this machine (the one the deployments and `infra.ops`
+    pin the workers' host keys in; tests replace this function)."""
+    return source_archive.ROOT / ssh.DEFAULT_KNOWN_HOSTS
+
+
+def forget_host_keys(props: Mapping[str, Any]) -> None:
+    """Drops the deleted node's workers from this machine's known_hosts. Their external
+    addresses are ephemeral: a node created after this one (a replacement, the same `up`) may
+    get one back, with a new host key, and must be trusted as the new host it is rather than
+    refused as "host key changed". A node not deleted keeps its keys pinned. Best effort: the
+    node is gone either way, and a key left behind only makes a later connection say how to
+    forget it."""
+    hosts = [ip for ip in tpu_placement.external_ips(props.get("network_endpoints")) if ip]
+    try:
+        removed = ssh.forget_hosts(known_hosts_file(), hosts)
+    except OSError as exc:
+        _say(str(props.get("node_id") or "?"))(f"cannot update known_hosts: {exc}")
+        return
+    if removed:
+        _say(str(props.get("node_id") or "?"))(
+            f"forgot the host keys of {', '.join(sorted(set(removed)))} in {known_hosts_file()}"
+        )
+
+
+def remove_queues(api: tpu_placement.PlacementApi, props: Mapping[str, Any]) -> None:
+    """Deletes the node's queued resources in every zone it lists, the ones its state never
+    recorded included (tpu_placement.remove_stack_queues): Pulumi cannot cancel a dynamic
+    provider's create, so Ctrl-C while a queue waits leaves that queue behind, and `destroy`
+    must not leave what can still start a billed TPU. Old states (every number a float, unset
+    inputs None) read back as any other."""
+    inputs = TpuNodeInputs.model_validate(props)
+    waits = tpu_placement.Waits(poll_s=QUEUE_POLL_S, delete_wait_s=QUEUE_DELETE_WAIT_S)
+    tpu_placement.remove_stack_queues(api, inputs.request(), _say(inputs.node_id), waits)
+
+
 class TpuNodeProvider(pulumi.dynamic.ResourceProvider):
     """create places (zone failover, queue), update changes labels/metadata in place, delete
     removes the node and its queued resource, read refreshes state and addresses."""
@@ -192,7 +236,11 @@ class TpuNodeProvider(pulumi.dynamic.ResourceProvider):
         return pulumi.dynamic.UpdateResult(outs=outs)
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
-        tpu_placement.remove(new_api(), id_, props.get("queued_resource"))
+        api = new_api()
+        if id_:
+            tpu_placement.remove(api, id_, props.get("queued_resource"))
+        remove_queues(api, props)
+        forget_host_keys(props)
 
     def read(self, id_: str, props: dict[str, Any]) -> pulumi.dynamic.ReadResult:
         node = new_api().get_node(id_)

@@ -171,6 +171,13 @@ class GoogleTpuApi:
             return None
         return type(queued).to_dict(queued, use_integers_for_enums=False)
 
+    def list_queued(self, parent: str) -> list[dict[str, Any]]:
+        """Every queued resource in the location `parent` (all pages), as dicts."""
+        return [
+            type(queued).to_dict(queued, use_integers_for_enums=False)
+            for queued in self._client.list_queued_resources(parent=parent)
+        ]
+
     def delete_queued_resource(self, name: str) -> None:
         tpu = self._types()
         request = tpu.DeleteQueuedResourceRequest(name=name, force=True)

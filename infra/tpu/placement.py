@@ -15,6 +15,7 @@ infra.tpu.api.GoogleTpuApi (node specs travel as plain dicts with the API's fiel
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -72,6 +73,16 @@ QUEUE_WAITING = (
 )
 # The queue gave up (validity window over, capacity withdrawn) or the spot slice was taken back.
 QUEUE_LOST = ("FAILED", "SUSPENDING", "SUSPENDED")
+# A queued resource being deleted: neither waiting nor lost yet. Its name stays taken (a create
+# under it fails AlreadyExists) and a delete of it is refused until it is gone: wait for that.
+QUEUE_DELETING = ("DELETING",)
+# How long a DELETING queued resource is waited on before giving up (seconds).
+QUEUE_DELETE_WAIT_S = 1800.0
+# A read (get, list) the Cloud TPU API refuses for a whole zone: 403 PermissionDenied "Location
+# europe-west1-b is not found or access is unauthorized." (an organisation's location policy, a
+# zone without Cloud TPU). Reads of such a zone find nothing of ours (nothing can be there), so
+# it must not stop placement or a scan of the other zones.
+ZONE_REFUSED_WORDS = ("is not found or access is unauthorized",)
 # A node in these states will not run again: delete it and create a new one.
 NODE_GONE = ("PREEMPTED", "TERMINATED")
 # Node fields `update` changes in place (the API's update mask); any other change replaces it.
@@ -117,6 +128,18 @@ class PlacementApi(Protocol):
     def queued_state(self, name: str) -> str | None: ...
     def get_queued(self, name: str) -> dict[str, Any] | None: ...
     def delete_queued_resource(self, name: str) -> None: ...
+    def list_queued(self, parent: str) -> list[dict[str, Any]]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Waits:
+    """How placement waits on the API: its sleep and clock (the tests' are fake) and the poll
+    interval; `delete_wait_s` bounds the wait for a DELETING queued resource."""
+
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.monotonic
+    poll_s: float = 60.0
+    delete_wait_s: float = QUEUE_DELETE_WAIT_S
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,6 +179,43 @@ class Placement:
     queued_resource: str | None
     refusals: tuple[str, ...] = ()
     adopted: bool = False
+
+
+def zone_refused(exc: BaseException) -> bool:
+    """Whether a TPU API call failed because the API refuses the whole zone (ZONE_REFUSED_WORDS;
+    by message, as google-api-core's PermissionDenied/Forbidden or any wrapper carries it)."""
+    text = str(exc).lower()
+    return any(words in text for words in ZONE_REFUSED_WORDS)
+
+
+class ZoneReads:
+    """Reads of the listed zones, in which a zone the API refuses (zone_refused) holds nothing:
+    its first refusal is said once, as one line naming the zone and the reason, and every later
+    read of it answers None without asking again."""
+
+    def __init__(self, say: Say) -> None:
+        self.say = say
+        self.refused: dict[str, str] = {}  # zone -> the refusal, as one line
+
+    def read(self, zone: str, call: Callable[[], Any]) -> Any:
+        """What `call` returns, or None when `zone` is refused.
+
+        Raises:
+            Exception: any other failure of `call`, as the API raised it.
+        """
+        if zone in self.refused:
+            return None
+        try:
+            return call()
+        except Exception as exc:
+            if not zone_refused(exc):
+                raise
+            self.refused[zone] = exception_line(exc)
+            self.say(
+                f"{zone}: the TPU API refuses to read this zone ({self.refused[zone]}); "
+                "nothing of this stack's can be there, going on without it"
+            )
+            return None
 
 
 def classify(exc: BaseException) -> str:
@@ -231,29 +291,44 @@ def queued_state_of(queued: Mapping[str, Any]) -> str:
     return str((queued.get("state") or {}).get("state") or "STATE_UNSPECIFIED")
 
 
-def leftover_queues(api: PlacementApi, request: Request, say: Say) -> list[str]:
+def leftover_queues(
+    api: PlacementApi,
+    request: Request,
+    say: Say,
+    reads: ZoneReads | None = None,
+    waits: Waits | None = None,
+) -> list[str]:
     """Deals with the queued resources of this stack's node id in the listed zones that the
     state does not know (an interrupted `up`, or a refresh that dropped the node): one still
     waiting for capacity while this request queues too is adopted (its zone is returned, to be
     waited on first; several: the first in list order, the others deleted); every other one is
-    deleted, so that no forgotten queue can later start a billed TPU. A queued resource whose
-    node exists is the node's, and is left to find_existing.
+    deleted, so that no forgotten queue can later start a billed TPU; one being deleted
+    (DELETING) is waited on until it is gone, since its name stays taken until then. A queued
+    resource whose node exists is the node's, and is left to find_existing. A zone the API
+    refuses to read (`reads`) holds none.
 
     Raises:
-        PlacementError: a queued resource of that name belongs to something else.
+        PlacementError: a queued resource of that name belongs to something else, or one stays
+            DELETING past QUEUE_DELETE_WAIT_S.
     """
+    reads = reads or ZoneReads(say)
+    waits = waits or Waits()
     owner = _owner_of(request)
     adopted: list[str] = []
     for zone in request.zones:
-        queued = api.get_queued(request.queued_name(zone))
+        name = request.queued_name(zone)
+        queued = reads.read(zone, functools.partial(api.get_queued, name))
         if queued is None:
             continue
         labels = queued_node_labels(queued)
         if not _owned({"labels": labels}, owner):
             raise _foreign(request, zone, labels, "queued resource")
+        state = queued_state_of(queued)
+        if state in QUEUE_DELETING:
+            await_queue_gone(api, name, zone, say, waits)
+            continue
         if api.get_node(request.node_name(zone)) is not None:
             continue
-        state = queued_state_of(queued)
         if request.queue is not None and state in QUEUE_WAITING and not adopted:
             say(
                 f"{zone}: queued resource {request.node_id} from an earlier up is {state}; "
@@ -266,19 +341,23 @@ def leftover_queues(api: PlacementApi, request: Request, say: Say) -> list[str]:
     return adopted
 
 
-def find_existing(api: PlacementApi, request: Request, say: Say) -> Placement | None:
+def find_existing(
+    api: PlacementApi, request: Request, say: Say, reads: ZoneReads | None = None
+) -> Placement | None:
     """The node this stack already has in one of the zones (adopted as it is), or None.
     A preempted or terminated one is deleted on the way: it will not run again. Another node of
     this stack under the same id in a later zone (left by an interrupted `up`) is deleted: one
-    slice, one bill.
+    slice, one bill. A zone the API refuses to read (`reads`) holds none.
 
     Raises:
         PlacementError: a node of that name exists there and belongs to something else.
     """
+    reads = reads or ZoneReads(say)
     owner = _owner_of(request)
     kept: Placement | None = None
     for zone in request.zones:
-        node = api.get_node(request.node_name(zone))
+        name = request.node_name(zone)
+        node = reads.read(zone, functools.partial(api.get_node, name))
         if node is None:
             continue
         if not _owned(node, owner):
@@ -325,15 +404,19 @@ def place(
     takes it (a queued request waits up to its validity window in each zone). A zone that says
     "not here" (stockout, quota, type not offered, location refused, preempted while creating)
     is skipped; one whose API fails for a moment is tried again, TRANSIENT_TRIES times with a
-    growing wait, then skipped; anything else stops at once.
+    growing wait, then skipped; anything else stops at once. A zone whose reads the API refuses
+    (zone_refused) is said once and skipped: nothing of the stack's is there, and a create there
+    would be refused the same way.
 
     Raises:
         NoCapacity: every zone refused (each reason in the message).
         PlacementError: a foreign node or queued resource holds the name.
         Exception: any other API failure (bad spec, permissions), as the API raised it.
     """
-    adopted_queues = leftover_queues(api, request, say)
-    existing = find_existing(api, request, say)
+    reads = ZoneReads(say)
+    waits = Waits(sleep, clock, poll_s)
+    adopted_queues = leftover_queues(api, request, say, reads, waits)
+    existing = find_existing(api, request, say, reads)
     if existing is not None:
         for zone in adopted_queues:  # the node is there already: this queue must not fill too
             say(
@@ -345,6 +428,9 @@ def place(
     refusals: list[str] = []
     zones = [*adopted_queues, *(z for z in request.zones if z not in adopted_queues)]
     for zone in zones:
+        if zone in reads.refused:
+            refusals.append(f"{zone}: {reads.refused[zone]}")
+            continue
         refusal, queued = _try_zone(
             api, request, zone, zone in adopted_queues, say, sleep, clock, poll_s, report_every_s
         )
@@ -397,10 +483,7 @@ def _try_zone(
             if kind == FATAL:
                 raise
             reason = exception_line(exc)
-            # A refused or failed create can leave a half-made node or a queued resource.
-            remove(
-                api, request.node_name(zone), request.queued_name(zone) if request.queue else None
-            )
+            _clean_up_after(api, request, zone)
             if kind == TRANSIENT and attempt < TRANSIENT_TRIES:
                 wait = TRANSIENT_BACKOFF_S[min(attempt, len(TRANSIENT_BACKOFF_S)) - 1]
                 say(
@@ -414,6 +497,17 @@ def _try_zone(
             say(f"{zone}: cannot place {request.node_id} here ({reason})")
             return reason, None
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _clean_up_after(api: PlacementApi, request: Request, zone: str) -> None:
+    """Deletes what a refused or failed create in `zone` may have left (a half-made node, a
+    queued resource). In a zone the API refuses (zone_refused) its deletes are refused too, and
+    nothing can have been made there."""
+    try:
+        remove(api, request.node_name(zone), request.queued_name(zone) if request.queue else None)
+    except Exception as exc:
+        if not zone_refused(exc):
+            raise
 
 
 def _create_in(
@@ -485,7 +579,7 @@ def _await_queue(
             took = _took(clock() - start)
             say(f"{zone}: queued resource {request.node_id} is ACTIVE after {took}")
             return
-        if state in QUEUE_LOST or state == "GONE":
+        if state in QUEUE_LOST or state in QUEUE_DELETING or state == "GONE":
             raise QueueGaveUp(f"queued resource {state}: no {kind} capacity in {zone}")
         now = clock()
         if now > deadline:
@@ -531,6 +625,90 @@ def remove(api: PlacementApi, node_name: str, queued_resource: str | None) -> No
     if queued_resource:
         api.delete_queued_resource(queued_resource)
     api.delete_node(node_name)
+
+
+def await_queue_gone(api: PlacementApi, name: str, zone: str, say: Say, waits: Waits) -> None:
+    """Waits until the queued resource `name` no longer exists (it is DELETING), one progress
+    line when the wait starts and one per poll after that.
+
+    Raises:
+        PlacementError: it still exists after waits.delete_wait_s.
+    """
+    queue_id = name.rsplit("/", 1)[-1]
+    start = waits.clock()
+    while True:
+        state = api.queued_state(name)
+        if state is None:
+            if waits.clock() > start:
+                took = _took(waits.clock() - start)
+                say(f"{zone}: queued resource {queue_id} is gone after {took}")
+            return
+        waited = waits.clock() - start
+        if waited > waits.delete_wait_s:
+            raise PlacementError(
+                f"queued resource {queue_id} in {zone} is still {state} after "
+                f"{_took(waited)}; check it with `gcloud compute tpus queued-resources describe "
+                f"{queue_id} --zone {zone}` and run the command again"
+            )
+        say(
+            f"{zone}: queued resource {queue_id} is {state}; waiting for it to go "
+            f"({_took(waited)} of at most {_took(waits.delete_wait_s)})"
+        )
+        waits.sleep(waits.poll_s)
+
+
+def _owned_by_role(labels: Mapping[str, Any], owner: Mapping[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in owner.items())
+
+
+def remove_stack_queues(
+    api: PlacementApi, request: Request, say: Say, waits: Waits | None = None
+) -> list[str]:
+    """Deletes every queued resource of this node in all its listed zones, whether the state
+    recorded it or not: the one under its id, and every one whose node carries its owner labels
+    (app, stack, and role when it has one; not run, which changes between runs). Why: an `up`
+    interrupted while its queue waited (Pulumi cannot cancel a dynamic provider's create) leaves
+    a queue the state never held, which can still get its capacity and start a billed TPU. A
+    queue being deleted already is waited on until it is gone. A zone the API refuses to read
+    holds none (one line says so); a queue under the id that is not this stack's is left alone.
+
+    Returns:
+        The names of the queued resources deleted or waited on.
+
+    Raises:
+        PlacementError: a queue stays DELETING past waits.delete_wait_s.
+        Exception: any other API failure, as the API raised it.
+    """
+    waits = waits or Waits()
+    reads = ZoneReads(say)
+    owner = _owner_of(request)
+    role = (request.node.get("labels") or {}).get("role")
+    if role is not None:
+        owner["role"] = str(role)
+    gone: list[str] = []
+    for zone in request.zones:
+        named = request.queued_name(zone)
+        found: dict[str, dict[str, Any]] = {}
+        by_name = reads.read(zone, functools.partial(api.get_queued, named))
+        if by_name is not None:
+            found[named] = by_name
+        parent = request.parent(zone)
+        for queued in reads.read(zone, functools.partial(api.list_queued, parent)) or []:
+            found.setdefault(str(queued.get("name") or ""), queued)
+        for name, queued in found.items():
+            if not name or not _owned_by_role(queued_node_labels(queued), owner):
+                if name == named:
+                    say(
+                        f"{zone}: queued resource {request.node_id} is not this stack's; left alone"
+                    )
+                continue
+            state = queued_state_of(queued)
+            if state not in QUEUE_DELETING:
+                say(f"{zone}: deleting queued resource {name.rsplit('/', 1)[-1]} ({state})")
+                api.delete_queued_resource(name)
+            await_queue_gone(api, name, zone, say, waits)
+            gone.append(name)
+    return gone
 
 
 def update(

@@ -424,7 +424,7 @@ def test_status_json_is_one_parseable_object_with_stable_keys(
     )
     assert code == 1  # a failed unit, as the text form
     record = json.loads(out)
-    assert set(record) == {"vm", "released", "recoveredBy", "leftovers"}
+    assert set(record) == {"vm", "released", "recoveredBy", "leftovers", "notDeployed"}
     assert (record["released"], record["recoveredBy"], record["leftovers"]) == (None, None, [])
     vm = record["vm"]
     assert (vm["role"], vm["vm"], vm["zone"], vm["tpu"], vm["failed"]) == (

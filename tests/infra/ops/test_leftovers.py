@@ -166,10 +166,12 @@ def test_a_failed_scan_is_one_line_and_the_rest_of_the_report_stands(tmp_path, m
         tpu_client_factory=denied,
     )
     assert code == 0
-    assert (
-        "not in the stack's state: unknown (cannot list TPUs: PermissionDenied: 403 Permission "
-        "'tpu.nodes.list' denied)" in out.getvalue().splitlines()
-    )
+    lines = out.getvalue().splitlines()
+    for zone in SCOPE["zones"]:
+        assert (
+            f"not in the stack's state: unknown in {zone} (cannot list TPUs there: "
+            "PermissionDenied: 403 Permission 'tpu.nodes.list' denied)" in lines
+        )
 
 
 def test_ops_status_lists_a_released_vms_node_that_still_runs(tmp_path, capsys):
@@ -185,3 +187,85 @@ def test_ops_status_lists_a_released_vms_node_that_still_runs(tmp_path, capsys):
     assert lines[1].startswith("not in the stack's state: TPU node gemma4-train in us-central1-a")
     assert lines[2].startswith("not in the stack's state: TPU node gemma4-train in us-east5-a")
     assert len(lines) == 4
+
+
+class RefusesZone(FakeClient):
+    """A client whose API refuses one location (an organisation's location policy, a zone
+    without Cloud TPU), as the real one does: 403 PermissionDenied on every read there."""
+
+    def __init__(self, nodes: list[Any], queued: list[Any], zone: str) -> None:
+        super().__init__(nodes, queued)
+        self.zone = zone
+
+    def _check(self, parent: str) -> None:
+        if parent.endswith("/" + self.zone):
+            raise exceptions.PermissionDenied(
+                f"Location {self.zone} is not found or access is unauthorized."
+            )
+
+    def list_nodes(self, *, parent: str) -> list[Any]:
+        self._check(parent)
+        return super().list_nodes(parent=parent)
+
+    def list_queued_resources(self, *, parent: str) -> list[Any]:
+        self._check(parent)
+        return super().list_queued_resources(parent=parent)
+
+
+def test_a_zone_that_refuses_reads_is_unknown_for_that_zone_only():
+    scope = leftovers.Scope.from_outputs({"tpuScope": SCOPE})
+    assert scope is not None
+    client = _client()
+    refusing = RefusesZone(client.nodes, client.queued, "us-central1-a")
+    found, unreadable = leftovers.scan(refusing, scope, set(), NOW)
+    # us-east5-a is still scanned: its leftover node is found.
+    assert [(f.kind, f.name, f.zone) for f in found] == [("node", "gemma4-train", "us-east5-a")]
+    assert [u.line() for u in unreadable] == [
+        "not in the stack's state: unknown in us-central1-a (cannot list TPUs there: "
+        "PermissionDenied: 403 Location us-central1-a is not found or access is unauthorized.)"
+    ]
+
+
+STACK_FILE = """\
+config:
+  gemma4-tpu:project: p
+  gemma4-tpu:training:
+    zone: us-central1-a
+    zoneFallbacks: [us-east5-a]
+"""
+
+
+def test_ops_status_after_destroy_finds_a_left_queue_from_the_stack_file(tmp_path, monkeypatch):
+    """`pulumi destroy` empties the outputs (no tpuScope, no deployments), while a queue an
+    interrupted `up` left can still start a billed TPU: status looks where the stack file says
+    (project, zones, the stack's labels) and lists it."""
+    monkeypatch.setattr(leftovers, "PROJECT_DIR", tmp_path)
+    (tmp_path / "Pulumi.prod.yaml").write_text(STACK_FILE)
+    # The destroyed stack's outputs, as `pulumi stack output --json` prints them.
+    monkeypatch.setattr(ops, "load_outputs", lambda stack, outputs_file: {})
+    client = FakeClient(
+        nodes=[],
+        queued=[_queued("us-east5-a", "gemma4-train", MINE, "WAITING_FOR_RESOURCES")],
+    )
+    out = io.StringIO()
+    argv = ["--stack", "prod", "status"]
+    assert ops.main(argv, out=out, tpu_client_factory=client) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[0] == (
+        "train VM: the stack has no 'deployments' output: run `pulumi up` first (or check --stack)"
+    )
+    assert lines[1].startswith(
+        "not in the stack's state: TPU queued resource gemma4-train in us-east5-a, "
+        "WAITING_FOR_RESOURCES: not billed now; it starts a billed TPU if it gets capacity"
+    )
+    assert client.parents == [
+        "projects/p/locations/us-central1-a",
+        "projects/p/locations/us-east5-a",
+    ]
+
+    # Without a stack file to read, nothing says where to look: the error stays.
+    err = io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+    argv = ["--stack", "other", "status"]
+    assert ops.main(argv, out=io.StringIO(), tpu_client_factory=client) == 2
+    assert "has no 'deployments' output" in err.getvalue()

@@ -71,3 +71,34 @@ def test_wrong_identity_is_reported_with_the_key_used(
     conn = ssh.connect(worker.host, settings)
     with pytest.raises(ssh.SshError, match=f"refused key {stranger}"):
         remote.reachable(conn, settings=settings)
+
+
+def test_forget_hosts_drops_every_key_of_the_addresses_and_nothing_else(tmp_path) -> None:
+    """A deleted node's addresses leave known_hosts whatever form OpenSSH or paramiko wrote them
+    in (plain, `[h]:port`, hashed); other hosts and comments stay."""
+    old, new, other = (paramiko.ECDSAKey.generate() for _ in range(3))
+    hashed = paramiko.HostKeys.hash_host("203.0.113.9")
+    known = tmp_path / "known_hosts"
+    lines = [
+        "# pinned by the deployment",
+        f"203.0.113.9 {old.get_name()} {old.get_base64()}",
+        f"[203.0.113.9]:2222 {old.get_name()} {old.get_base64()}",
+        f"{hashed} {old.get_name()} {old.get_base64()}",
+        f"203.0.113.10 {other.get_name()} {other.get_base64()}",
+    ]
+    known.write_text("\n".join(lines) + "\n")
+    removed = ssh.forget_hosts(known, ["203.0.113.9"])
+    assert removed == ["203.0.113.9", "[203.0.113.9]:2222", hashed]
+    assert known.read_text().splitlines() == [lines[0], lines[4]]
+    assert oct(known.stat().st_mode & 0o777) == "0o600"
+
+    # The recycled address now answers with a new key: a new host, trusted on first use; the
+    # host that kept its address keeps its pin (a new key there is still refused).
+    client = paramiko.SSHClient()
+    client.load_host_keys(str(known))
+    policy = ssh.TrustOnFirstUse(str(known))
+    policy.missing_host_key(client, "203.0.113.9", new)
+    assert f"203.0.113.9 {new.get_name()} {new.get_base64()}" in known.read_text()
+    with pytest.raises(paramiko.BadHostKeyException):
+        policy.missing_host_key(client, "203.0.113.10", new)
+    assert ssh.forget_hosts(tmp_path / "missing", ["203.0.113.9"]) == []

@@ -134,6 +134,9 @@ def test_create_update_delete_against_a_worker(
     ]
     assert not list((worker.root / "etc/systemd/system").iterdir())
     assert not (worker.root / "var/lib/gemma4/deployed.json").exists()
+    # Deleted (destroyed, or replaced for a different host list): its workers' host keys leave
+    # known_hosts, since their ephemeral addresses may come back on another VM with another key.
+    assert f"[{worker.host}]:{worker.port} " not in worker.known_hosts.read_text()
 
 
 @pytest.mark.sshd

@@ -4,13 +4,18 @@ create/update/read/delete against a fake Cloud TPU API (tests/infra/tpu/test_pla
 from __future__ import annotations
 
 import base64
+import subprocess
 from typing import Any
 
 import dill
+import paramiko
 import pulumi.dynamic
 import pytest
 
+from infra.remote import ssh
 from infra.resources import tpu_node
+from infra.tpu import placement as tpu_placement
+from tests.fixtures.sshd import Worker
 from tests.infra.tpu.test_placement import NODE, STOCKOUT, FakeTpu
 
 PROPS: dict[str, Any] = {
@@ -134,3 +139,130 @@ def test_stored_inputs_read_back_typed() -> None:
     assert request.queue is not None and type(request.queue.valid_for_s) is int
     assert (request.queue.spot, request.queue.valid_for_s) == (True, 86400)
     assert request.zones == ("us-central1-a", "us-east5-a") and "labels" not in request.node
+
+
+class Interrupted(FakeTpu):
+    """Ctrl-C while the queue waits: the first poll after the queued resource was created raises
+    KeyboardInterrupt (Pulumi cannot cancel a dynamic provider's create; the state never
+    records the resource or its queue)."""
+
+    interrupted = False
+
+    def queued_state(self, name: str) -> str | None:
+        if not self.interrupted:
+            self.interrupted = True
+            raise KeyboardInterrupt
+        return super().queued_state(name)
+
+
+def test_destroy_deletes_the_queue_an_interrupted_create_left(monkeypatch, capsys) -> None:
+    api = Interrupted(queues={"us-central1-a": ["WAITING_FOR_RESOURCES"]})
+    monkeypatch.setattr(tpu_node, "new_api", lambda: api)
+    monkeypatch.setattr(tpu_node, "QUEUE_POLL_S", 0.0)
+    provider = tpu_node.TpuNodeProvider()
+    queued = {**PROPS, "labels": {**NODE["labels"], "role": "train"}}
+    queued["queue"] = {"spot": True, "valid_for_s": 3600}
+    with pytest.raises(KeyboardInterrupt):
+        provider.create(dict(queued))
+    left = "projects/p/locations/us-central1-a/queuedResources/gemma4-train"
+    assert list(api.queued) == [left]
+
+    # Queues of this node the state never held: one from an earlier nodeName (found by the
+    # stack's labels, not by name), one being deleted already (waited on, not deleted again);
+    # the serving VM's queue (another role) and someone else's are left alone.
+    request = tpu_node.TpuNodeInputs.model_validate(queued).request()
+
+    def put(zone: str, node_id: str, labels: dict[str, str], states: list[str]) -> str:
+        other = tpu_placement.Request("p", node_id, (zone,), {**NODE, "labels": labels})
+        name = other.queued_name(zone)
+        api.queued[name] = {
+            "body": tpu_placement.queued_body(
+                tpu_placement.Request(
+                    "p", node_id, (zone,), other.node, tpu_placement.Queue(True, 60)
+                ),
+                zone,
+            ),
+            "states": states,
+        }
+        return name
+
+    mine = dict(request.node["labels"])
+    earlier = put("us-east5-a", "gemma4-train-old", {**mine, "run": "r0"}, ["ACTIVE"])
+    deleting = put("us-east5-a", "gemma4-train", mine, ["DELETING", "DELETING", "GONE"])
+    serve = put("us-east5-a", "gemma4-serve", {**mine, "role": "serve"}, ["WAITING_FOR_RESOURCES"])
+    foreign = put("us-central1-a", "x", {"app": "x"}, ["WAITING_FOR_RESOURCES"])
+
+    # destroy with the old state: the inputs only, no queued_resource recorded.
+    provider.delete("projects/p/locations/us-central1-a/nodes/gemma4-train", dict(queued))
+    assert sorted(api.queued) == sorted([serve, foreign])
+    deleted = [c[1] for c in api.calls if c[0] == "delete_queued_resource"]
+    assert left in deleted and earlier in deleted and deleting not in deleted
+    err = capsys.readouterr().err
+    assert "us-east5-a: queued resource gemma4-train is DELETING; waiting for it to go" in err
+    assert "us-east5-a: deleting queued resource gemma4-train-old (ACTIVE)" in err
+
+
+def test_destroy_goes_on_past_a_zone_that_refuses_reads(api: FakeTpu) -> None:
+    from google.api_core import exceptions
+
+    provider = tpu_node.TpuNodeProvider()
+    created = provider.create(dict(PROPS))
+    api.refuse_reads["us-central1-a"] = exceptions.PermissionDenied(
+        "Location us-central1-a is not found or access is unauthorized."
+    )
+    provider.delete(created.id, created.outs or {})
+    assert api.nodes == {}
+
+
+def _new_host_key(worker: Worker) -> None:
+    """The worker's address comes back on another VM: same address and port, a new host key."""
+    worker.stop()
+    for path in worker.base.glob("ssh_host_ed25519_key*"):
+        path.unlink()
+    subprocess.run(
+        [
+            "ssh-keygen",
+            "-q",
+            "-t",
+            "ed25519",
+            "-N",
+            "",
+            "-f",
+            str(worker.base / "ssh_host_ed25519_key"),
+        ],
+        check=True,
+    )
+    worker.start()
+
+
+def _echo(worker: Worker) -> str:
+    conn = ssh.connect(worker.host, worker.settings)
+    try:
+        return str(conn.run("echo hello", hide=True, in_stream=False).stdout)
+    finally:
+        conn.close()
+
+
+@pytest.mark.sshd
+def test_a_replaced_node_s_recycled_address_is_a_new_host(
+    worker: Worker, api: FakeTpu, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node replaced (deleted, then created again) can get its ephemeral address back with a
+    new host key: the deleted node's keys leave known_hosts, so the deploy trusts the new host;
+    without the node's deletion the same change is still refused as a changed host key."""
+    monkeypatch.setattr(tpu_node, "known_hosts_file", lambda: worker.known_hosts)
+    provider = tpu_node.TpuNodeProvider()
+    created = provider.create(dict(PROPS))
+    outs = dict(created.outs or {})
+    outs["network_endpoints"] = [
+        {"ip_address": "10.0.0.2", "access_config": {"external_ip": worker.host}}
+    ]
+    assert _echo(worker) == "hello\n"  # the first node's key is pinned
+    _new_host_key(worker)
+    with pytest.raises(paramiko.BadHostKeyException):  # not replaced: still an error
+        _echo(worker)
+
+    provider.delete(created.id, outs)  # Pulumi replaces the node: delete first
+    assert _echo(worker) == "hello\n"
+    new_key = (worker.base / "ssh_host_ed25519_key.pub").read_text().split()[1]
+    assert new_key in worker.known_hosts.read_text()

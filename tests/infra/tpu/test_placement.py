@@ -41,8 +41,12 @@ class FakeTpu:
         refuse: Mapping[str, Exception] | None = None,
         queues: Mapping[str, Sequence[str]] | None = None,
         leave_half_made: bool = False,
+        refuse_reads: Mapping[str, Exception] | None = None,
     ):
         self.refuse = dict(refuse or {})
+        # zone -> what every call about that zone raises (reads and deletes included), as the
+        # API answers for a location it refuses.
+        self.refuse_reads = dict(refuse_reads or {})
         self.queues = {z: list(s) for z, s in (queues or {}).items()}
         self.leave_half_made = leave_half_made
         self.nodes: dict[str, dict[str, Any]] = {}
@@ -60,7 +64,14 @@ class FakeTpu:
             "queued_resource": queued or "",
         }
 
+    def _check_zone(self, path: str) -> None:
+        zone = _zone(path)
+        if zone in self.refuse_reads:
+            self.calls.append(("refused", zone))
+            raise self.refuse_reads[zone]
+
     def get_node(self, name: str) -> dict[str, Any] | None:
+        self._check_zone(name)
         return copy.deepcopy(self.nodes.get(name))
 
     def create_node(self, parent: str, node_id: str, node: Mapping[str, Any]) -> None:
@@ -74,6 +85,7 @@ class FakeTpu:
         self._node(f"{parent}/nodes/{node_id}", node, None)
 
     def delete_node(self, name: str) -> None:
+        self._check_zone(name)
         self.calls.append(("delete_node", name))
         self.nodes.pop(name, None)
 
@@ -98,6 +110,9 @@ class FakeTpu:
             return None
         states = queued["states"]
         state = states.pop(0) if len(states) > 1 else states[0]
+        if state == "GONE":  # a deletion that finished
+            del self.queued[name]
+            return None
         if state == "ACTIVE":
             spec = queued["body"]["tpu"]["node_spec"][0]
             node_name = f"{spec['parent']}/nodes/{spec['node_id']}"
@@ -106,15 +121,23 @@ class FakeTpu:
         return state
 
     def get_queued(self, name: str) -> dict[str, Any] | None:
+        self._check_zone(name)
         queued = self.queued.get(name)
         if queued is None:
             return None
         return {
+            "name": name,
             "tpu": copy.deepcopy(queued["body"]["tpu"]),
             "state": {"state": queued["states"][0]},
         }
 
+    def list_queued(self, parent: str) -> list[dict[str, Any]]:
+        self._check_zone(parent)
+        listed = [self.get_queued(n) for n in self.queued if n.startswith(parent + "/")]
+        return [q for q in listed if q is not None]
+
     def delete_queued_resource(self, name: str) -> None:
+        self._check_zone(name)
         self.calls.append(("delete_queued_resource", name))
         queued = self.queued.pop(name, None)
         if queued is not None:  # force: the node goes with it
@@ -538,6 +561,15 @@ class FakeClient:
     def get_queued_resource(self, *, name: str) -> tpu_v2.QueuedResource:
         return tpu_v2.QueuedResource(state={"state": "WAITING_FOR_RESOURCES"})
 
+    def list_queued_resources(self, *, parent: str) -> list[tpu_v2.QueuedResource]:
+        return [
+            tpu_v2.QueuedResource(
+                name=f"{parent}/queuedResources/n",
+                tpu={"node_spec": [{"node_id": "n", "node": {"labels": OWNER}}]},
+                state={"state": "DELETING"},
+            )
+        ]
+
     def delete_queued_resource(self, *, request: tpu_v2.DeleteQueuedResourceRequest) -> _Op:
         self.requests.append(("delete_queued_resource", request))
         return _Op(exceptions.NotFound("gone"))
@@ -590,6 +622,10 @@ def test_the_google_adapter_sends_real_messages_and_reads_nodes_back_as_dicts():
     assert queued.tpu.node_spec[0].node.accelerator_type == "v5p-8"
     assert api.queued_state("q") == "WAITING_FOR_RESOURCES"
     api.delete_queued_resource("q")  # already gone is fine
+    (listed,) = api.list_queued("projects/p/locations/us-east5-a")
+    assert listed["name"] == "projects/p/locations/us-east5-a/queuedResources/n"
+    assert tpu_placement.queued_node_labels(listed) == OWNER
+    assert tpu_placement.queued_state_of(listed) == "DELETING"
     assert client.requests[-1][1].force is True
 
     api.update_node("projects/p/locations/us-east5-a/nodes/n", spec, ["metadata"])
@@ -615,3 +651,84 @@ def test_a_transient_read_while_queued_keeps_the_queue_and_its_place():
     assert [c[0] for c in api.calls].count("create_queued_resource") == 1
     assert not any(c[0] == "delete_queued_resource" for c in api.calls)
     assert said[0].startswith("us-central1-a: reading queued resource gemma4-train failed")
+
+
+# ---------------------------------------------------------------------------------------------
+# A zone whose reads the API refuses (issue 33)
+
+LOCATION_READ_REFUSED = exceptions.PermissionDenied(
+    "Location us-central1-a is not found or access is unauthorized."
+)
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        LOCATION_READ_REFUSED,
+        # The same answer over HTTP: google-api-core's Forbidden (PermissionDenied's parent).
+        exceptions.Forbidden("Location us-central1-a is not found or access is unauthorized."),
+    ],
+)
+def test_a_zone_that_refuses_reads_holds_nothing_and_placement_goes_on(refusal):
+    """Placement reads every listed zone before it creates anything; an organisation's location
+    policy (or a zone without Cloud TPU) refuses those reads with a 403, which must not stop
+    every `up`: one line names the zone and why, and the next zone takes the node."""
+    api = FakeTpu(refuse_reads={"us-central1-a": refusal})
+    request = _request(queue=tpu_placement.Queue(spot=True, valid_for_s=3600))
+    placement, said, _ = _place(api, request)
+    assert placement.zone == "us-east5-a"
+    refused = [line for line in said if line.startswith("us-central1-a:")]
+    assert refused == [
+        "us-central1-a: the TPU API refuses to read this zone "
+        f"({type(refusal).__name__}: 403 Location us-central1-a is not found or access is "
+        "unauthorized.); nothing of this stack's can be there, going on without it"
+    ]
+    # Asked once, never created in: its creates are refused the same way.
+    assert api.calls.count(("refused", "us-central1-a")) == 1
+    assert not any(c[1].endswith("us-central1-a") for c in api.calls if c[0].startswith("create"))
+    assert placement.refusals[0].startswith("us-central1-a: ")
+
+
+def test_a_refused_permission_that_is_not_about_the_zone_still_stops_placement():
+    denied = exceptions.PermissionDenied("Permission 'tpu.nodes.get' denied on resource")
+    api = FakeTpu(refuse_reads={"us-central1-a": denied})
+    with pytest.raises(exceptions.PermissionDenied):
+        _place(api, _request())
+    assert not any(c[0].startswith("create") for c in api.calls)
+
+
+def test_a_deleting_queue_under_the_name_is_waited_on_then_placement_queues_anew():
+    """A queued resource being deleted keeps its name taken: creating under it would fail
+    AlreadyExists, deleting it again is refused. Placement waits, saying so, then queues."""
+    request = _request(queue=tpu_placement.Queue(spot=True, valid_for_s=3600))
+    api = FakeTpu()
+    name = request.queued_name("us-central1-a")
+    api.queued[name] = {
+        "body": tpu_placement.queued_body(request, "us-central1-a"),
+        "states": ["DELETING", "DELETING", "GONE"],
+    }
+    placement, said, clock = _place(api, request, poll_s=30)
+    assert placement.zone == "us-central1-a" and placement.queued_resource == name
+    assert not any(c == ("delete_queued_resource", name) for c in api.calls)
+    assert said[0] == (
+        "us-central1-a: queued resource gemma4-train is DELETING; waiting for it to go "
+        "(0m of at most 30m)"
+    )
+    assert said[2] == "us-central1-a: queued resource gemma4-train is gone after 1m"
+    assert clock.sleeps[:2] == [30, 30]
+
+
+def test_a_queue_that_stays_deleting_is_given_up_after_a_bounded_wait():
+    request = _request(queue=tpu_placement.Queue(spot=True, valid_for_s=3600))
+    api = FakeTpu()
+    name = request.queued_name("us-east5-a")
+    api.queued[name] = {
+        "body": tpu_placement.queued_body(request, "us-east5-a"),
+        "states": ["DELETING"],
+    }
+    with pytest.raises(tpu_placement.PlacementError) as info:
+        _place(api, request, poll_s=300)
+    assert str(info.value).startswith(
+        "queued resource gemma4-train in us-east5-a is still DELETING after 35m"
+    )
+    assert not any(c[0].startswith("create") for c in api.calls)
