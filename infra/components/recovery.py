@@ -108,6 +108,12 @@ def monthly_usd(machine_type: str, secrets: int) -> dict[str, float]:
     return {**parts, "total": round(sum(parts.values()), 2)}
 
 
+def source_object_name(stack: str) -> str:
+    """The training bucket's object that holds the controller's source (an uncompressed tar:
+    infra/vm/source_archive.py says why)."""
+    return f"recovery/source-{stack}.tar"
+
+
 def render_startup(
     args: RecoveryArgs, source_uri: str, ssh_key_secret: str, passphrase_secret: str
 ) -> str:
@@ -221,13 +227,13 @@ class RecoveryController(pulumi.ComponentResource):
             )
 
         archive = source_archive.write_archive(args.stack, args.archive_dir, args.source_dir)
-        object_name = f"recovery/source-{args.stack}.tar.gz"
+        object_name = source_object_name(args.stack)
         self.source = gcp.storage.BucketObject(
             f"{name}-source",
             bucket=args.training_bucket,
             name=object_name,
             source=pulumi.FileAsset(str(archive)),
-            content_type="application/gzip",
+            content_type="application/x-tar",
             opts=child,
         )
         source_uri = pulumi.Output.concat("gs://", args.training_bucket, "/", object_name)

@@ -3,16 +3,23 @@
 The controller (infra/components/recovery.py) runs `python -m infra.ops recover --watch` with
 this checkout's program, stack file and compile-check results, so a recovery declares exactly
 what the user's last `pulumi up` declared. The archive is byte-for-byte the same for the same
-files (sorted members, zeroed times and owners, gzip without a timestamp): the controller's own
-`pulumi up` rebuilds it from its copy and finds nothing to change.
+files on any machine: the controller's own `pulumi up` rebuilds it from its copy and Pulumi, which
+compares the uploaded FileAsset by the SHA-256 of its bytes, finds nothing to change (the
+controller may only read the training bucket: an upload would be refused with a 403).
+
+What makes it machine-independent:
+- an uncompressed tar (1.5 MB where gzip gave 0.4 MB): gzip's bytes depend on the zlib of the
+  machine (the OS byte of its header: 3 on Linux, 19 on macOS; zlib-ng, Fedora's zlib, deflates
+  differently), a plain tar only on the files;
+- sorted members, zeroed times and owners;
+- modes from a rule on the content (a `#!` script is 0755, all else 0644), not from the
+  checkout's permission bits, which a umask or a copy can change.
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
-import os
 import pathlib
 import tarfile
 
@@ -65,8 +72,28 @@ def source_files(stack: str, root: pathlib.Path = ROOT) -> list[pathlib.Path]:
     return sorted(files)
 
 
+EXECUTABLE = 0o755
+REGULAR = 0o644
+
+
+def member_mode(data: bytes) -> int:
+    """The mode a file gets in the archive: decided by its content alone (see the module doc)."""
+    return EXECUTABLE if data.startswith(b"#!") else REGULAR
+
+
 def archive_bytes(stack: str, root: pathlib.Path = ROOT) -> bytes:
-    """The tar.gz of source_files, identical for identical files."""
+    """The uncompressed tar of source_files: identical for identical files, on any machine.
+
+    Args:
+        stack: the stack whose Pulumi.<stack>.yaml is included.
+        root: the checkout.
+
+    Returns:
+        The tar's bytes.
+
+    Raises:
+        FileNotFoundError: a required file is missing (source_files).
+    """
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for rel in source_files(stack, root):
@@ -76,18 +103,22 @@ def archive_bytes(stack: str, root: pathlib.Path = ROOT) -> bytes:
             info.mtime = 0
             info.uid = info.gid = 0
             info.uname = info.gname = ""
-            info.mode = 0o755 if os.access(root / rel, os.X_OK) else 0o644
+            info.mode = member_mode(data)
             tar.addfile(info, io.BytesIO(data))
-    return gzip.compress(raw.getvalue(), compresslevel=9, mtime=0)
+    return raw.getvalue()
 
 
 def write_archive(stack: str, dest_dir: pathlib.Path, root: pathlib.Path = ROOT) -> pathlib.Path:
-    """Writes the archive as `<dest_dir>/source-<stack>-<sha12>.tar.gz` (atomically; an existing
-    file of that name already holds these bytes) and returns its path."""
+    """Writes the archive as `<dest_dir>/source-<stack>-<sha12>.tar` (atomically; an existing
+    file of that name already holds these bytes) and returns its path.
+
+    Raises:
+        FileNotFoundError: a required file is missing (source_files).
+    """
     data = archive_bytes(stack, root)
     digest = hashlib.sha256(data).hexdigest()[:12]
     dest_dir.mkdir(parents=True, exist_ok=True)
-    path = dest_dir / f"source-{stack}-{digest}.tar.gz"
+    path = dest_dir / f"source-{stack}-{digest}.tar"
     if not path.exists():
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_bytes(data)

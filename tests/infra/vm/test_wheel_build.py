@@ -137,7 +137,7 @@ def test_clone_and_recovery_archive_give_the_same_fingerprint(tmp_path: pathlib.
     archive leaves out: tests, docs, .git). Both wheels hash the same."""
     clone = workloads_wheel.build_wheel(REPO, tmp_path / "clone-cache")
     unpacked = tmp_path / "archive"
-    with tarfile.open(fileobj=io.BytesIO(source_archive.archive_bytes("dev")), mode="r:gz") as tar:
+    with tarfile.open(fileobj=io.BytesIO(source_archive.archive_bytes("dev")), mode="r") as tar:
         tar.extractall(unpacked, filter="data")
     assert not (unpacked / "tests").exists()
     from_archive = workloads_wheel.build_wheel(unpacked, tmp_path / "archive-cache")
