@@ -766,6 +766,19 @@ def rule_serving_requests(cfg: StackConfig) -> list[str]:
     return problems
 
 
+def key_file_problems(path: str | None) -> list[str]:
+    """ssh.privateKeyFile's problems as rule_network reports them (the operator commands read
+    the key file from this machine's stack file without the other rules).
+
+    Args:
+        path: the ssh.privateKeyFile value, None for ssh-agent.
+
+    Returns:
+        One line per problem (empty when the path can be opened).
+    """
+    return _key_file_problems(path)
+
+
 def _key_file_problems(path: str | None) -> list[str]:
     """A key file path the OS can open: no control characters, and `~name/` only for a real user."""
     if path is None:
