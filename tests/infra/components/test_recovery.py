@@ -466,7 +466,15 @@ def test_the_service_wrapper_installs_the_source_reads_its_secrets_and_runs_reco
     # run.sh puts its own PATH first: the fake gcloud must still be found there.
     lines = calls.read_text().splitlines()
     assert lines[0].startswith("gcloud storage cp --quiet gs://acme-gemma4-dev-us-central1/")
-    assert any("-e src[infra]" in line for line in lines)
+    # pip and setuptools at the lock's versions first, then the project built with them: no
+    # build tool is fetched at run time.
+    installs = [line for line in lines if line.startswith("python -m pip install")]
+    assert installs == [
+        "python -m pip install -q --disable-pip-version-check -c src/constraints.txt "
+        "pip setuptools",
+        "python -m pip install -q --disable-pip-version-check --no-build-isolation "
+        "-c src/constraints.txt -e src[infra]",
+    ]
     assert lines[-4] == (
         "python -m infra.ops --stack dev recover --watch --yes --interval 90 --until-new-source "
         f"gs://acme-gemma4-dev-us-central1/recovery/source-dev.tar {app}/source.tar"
