@@ -251,7 +251,9 @@ class EvalSection(settings.EvalSettings):
     )
     concurrency: int = pydantic.Field(16, ge=1, description="Requests in flight.")
     sim_timeout_s: float = pydantic.Field(60, gt=0, description="Wall-clock limit per simulation.")
-    ks: tuple[int, ...] = pydantic.Field((1, 5), description="k values of pass@k (each <= n).")
+    ks: tuple[int, ...] = pydantic.Field(
+        (1, 5), description="k values of pass@k; those > n are left out."
+    )
 
 
 class OwnNodeSection(_Section):

@@ -108,6 +108,12 @@ def monthly_usd(machine_type: str, secrets: int) -> dict[str, float]:
     return {**parts, "total": round(sum(parts.values()), 2)}
 
 
+def source_object_name(stack: str) -> str:
+    """The training bucket's object that holds the controller's source (a tar.gz of stored
+    blocks: infra/vm/source_archive.py says why)."""
+    return f"recovery/source-{stack}.tar.gz"
+
+
 def render_startup(
     args: RecoveryArgs, source_uri: str, ssh_key_secret: str, passphrase_secret: str
 ) -> str:
@@ -255,7 +261,7 @@ class RecoveryController(pulumi.ComponentResource):
     ) -> pulumi.Output[str]:
         """The source archive the controller runs, in the training bucket; returns its gs:// URI."""
         archive = source_archive.write_archive(args.stack, args.archive_dir, args.source_dir)
-        object_name = f"recovery/source-{args.stack}.tar.gz"
+        object_name = source_object_name(args.stack)
         self.source = gcp.storage.BucketObject(
             f"{name}-source",
             bucket=args.training_bucket,

@@ -276,6 +276,8 @@ def read_stack_file(path: str | pathlib.Path) -> dict[str, Any]:
         document = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError([f"{path}: cannot read stack file: {exc}"]) from None
+    if not isinstance(document, dict):
+        raise ConfigError([f"{path}: {type(document).__name__}: a stack file is a mapping"])
     raw = document.get("config") or {}
     if not isinstance(raw, dict):
         raise ConfigError([f"{path}: config: {raw!r}: a mapping of keys"])

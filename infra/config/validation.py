@@ -299,6 +299,32 @@ def _queue_unused(section: str, provisioning: str, fields_set: Iterable[str]) ->
     ]
 
 
+def _repeats(key: str, values: Iterable[object]) -> list[str]:
+    """One line per value listed again in the list at `key` (by its first repeat's index)."""
+    seen: dict[object, int] = {}
+    problems = []
+    for i, value in enumerate(values):
+        if value in seen:
+            problems.append(
+                f"{key}[{i}]: {value!r}: already listed as {key}[{seen[value]}]; list each once"
+            )
+        else:
+            seen[value] = i
+    return problems
+
+
+@reads("lora.targets", "serving.apiSourceRanges", "serving.enabled", "ssh.sourceRanges")
+def rule_list_repeats(cfg: StackConfig) -> list[str]:
+    """Each value of a list-valued key once: a repeat is a typo that the list's consumer would
+    silently collapse (a LoRA target adapted once, a firewall range allowed once). The zone
+    lists have their own rule (rule_zone_lists: a fallback may also repeat the zone)."""
+    problems = _repeats("lora.targets", cfg.lora.targets)
+    problems += _repeats("ssh.sourceRanges", cfg.ssh.source_ranges)
+    if cfg.serving.enabled:
+        problems += _repeats("serving.apiSourceRanges", cfg.serving.api_source_ranges)
+    return problems
+
+
 # The queue sections are read for presence (a queue set without provisioning: queued).
 @reads(
     "serving.enabled",
@@ -577,35 +603,36 @@ def rule_memory(cfg: StackConfig) -> list[str]:
         need = serving_hbm_bytes(cfg)
         budget = serve_acc.hbm_bytes_per_chip * cfg.serving.hbm_utilization
         if need > budget:
-            key, value = _serving_hbm_key(cfg)
             problems.append(
-                f"{key}: {value}: estimated HBM "
-                f"per chip {_fmt_gb(need)} (weights / TP + KV cache for "
-                f"{cfg.serving.min_concurrent_sequences} x {cfg.serving.max_model_len} tokens) "
-                f"exceeds {cfg.serving.hbm_utilization:.0%} of the "
-                f"{_fmt_gb(serve_acc.hbm_bytes_per_chip)} of {serve_acc.name}; raise the TP or "
-                "lower maxModelLen or minConcurrentSequences"
+                f"{_serving_hbm_keys(cfg)}: estimated HBM per chip {_fmt_gb(need)} (the "
+                f"{_fmt_gb(model.weight_bytes)} of model.name {cfg.model.name!r} / TP + KV cache "
+                f"for {cfg.serving.min_concurrent_sequences} x {cfg.serving.max_model_len} "
+                f"tokens) exceeds {cfg.serving.hbm_utilization:.0%} of the "
+                f"{_fmt_gb(serve_acc.hbm_bytes_per_chip)} of {serve_acc.name}; raise "
+                "tensorParallelSize or hbmUtilization, or lower maxModelLen, "
+                "minConcurrentSequences, or set kvCacheDtype fp8"
             )
     return problems
 
 
-def _serving_hbm_key(cfg: StackConfig) -> tuple[str, object]:
-    """(serving.<key>, its value) for the HBM message: the first of these that the stack sets,
-    or tensorParallelSize when it sets none (the defaults themselves do not fit). The
-    concurrent sequences come first: a stack that raises them names them, not a TP it kept."""
-    keys = (
-        (
-            "min_concurrent_sequences",
-            "minConcurrentSequences",
-            cfg.serving.min_concurrent_sequences,
-        ),
-        ("tensor_parallel_size", "tensorParallelSize", cfg.serving.tensor_parallel_size),
-        ("max_model_len", "maxModelLen", cfg.serving.max_model_len),
-        ("hbm_utilization", "hbmUtilization", cfg.serving.hbm_utilization),
-    )
+# The serving keys the HBM estimate and its budget read, in the order the message names them.
+_SERVING_HBM_KEYS = (
+    ("min_concurrent_sequences", "minConcurrentSequences"),
+    ("tensor_parallel_size", "tensorParallelSize"),
+    ("hbm_utilization", "hbmUtilization"),
+    ("max_model_len", "maxModelLen"),
+    ("kv_cache_dtype", "kvCacheDtype"),
+)
+
+
+def _serving_hbm_keys(cfg: StackConfig) -> str:
+    """Every serving key whose value makes the HBM estimate exceed its budget, with its value:
+    any of them can make it fit. The keys the stack sets come first (a stack that raised the
+    concurrent sequences reads that key first, not a TP it kept), then the defaults it relies on.
+    """
     fields_set = cfg.serving.model_fields_set
-    _, key, value = next((k for k in keys if k[0] in fields_set), keys[1])
-    return f"serving.{key}", value
+    ordered = sorted(_SERVING_HBM_KEYS, key=lambda k: k[0] not in fields_set)
+    return ", ".join(f"serving.{key}: {getattr(cfg.serving, attr)!r}" for attr, key in ordered)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -707,7 +734,6 @@ def rule_dataset(cfg: StackConfig) -> list[str]:
     "serving.enabled",
     "serving.eval.enabled",
     "serving.eval.maxTokens",
-    "serving.eval.n",
     "serving.maxModelLen",
     "serving.port",
 )
@@ -722,13 +748,8 @@ def rule_serving_requests(cfg: StackConfig) -> list[str]:
         problems.append(
             f"serving.port: {serving.port}: is SSH's port on the TPU VM; use another (default 8000)"
         )
+    # Any n >= 1 is fine: the eval reports pass@k for the k <= n of its list (pass@1 at least).
     eval_section = cfg.serving.eval
-    ks = runconfig.EvalSection.model_fields["ks"].default
-    if eval_section.enabled and eval_section.n < max(ks):
-        problems.append(
-            f"serving.eval.n: {eval_section.n}: pass@{max(ks)} needs at least {max(ks)} samples "
-            "per problem"
-        )
     if eval_section.enabled and eval_section.max_tokens >= serving.max_model_len:
         problems.append(
             f"serving.eval.maxTokens: {eval_section.max_tokens}: leaves no room for the prompt "
@@ -743,6 +764,19 @@ def rule_serving_requests(cfg: StackConfig) -> list[str]:
             "serving.bench.enabled false"
         )
     return problems
+
+
+def key_file_problems(path: str | None) -> list[str]:
+    """ssh.privateKeyFile's problems as rule_network reports them (the operator commands read
+    the key file from this machine's stack file without the other rules).
+
+    Args:
+        path: the ssh.privateKeyFile value, None for ssh-agent.
+
+    Returns:
+        One line per problem (empty when the path can be opened).
+    """
+    return _key_file_problems(path)
 
 
 def _key_file_problems(path: str | None) -> list[str]:
@@ -816,6 +850,7 @@ RULES: tuple[Rule, ...] = (
     rule_references,
     rule_slices,
     rule_zone_lists,
+    rule_list_repeats,
     rule_provisioning,
     rule_bucket_regions,
     rule_model,

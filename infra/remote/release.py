@@ -43,7 +43,9 @@ NAME_GLOB = "[0-9a-f]" * NAME_LENGTH
 _BUILD = r"""set -eu
 base_python=$1 release=$2 wheel=$3 deps=$4 current=$5
 active=$(readlink "$current" 2>/dev/null || true)
-if [ "${active##*/}" = "${release##*/}" ]; then
+# An active release without its marker (deleted, or unmarked because its package no longer
+# imports) runs nothing that works: rebuilding it is the repair.
+if [ "${active##*/}" = "${release##*/}" ] && [ -e "$release/COMPLETE" ]; then
     echo "$release is the active release: not rebuilding it" >&2
     exit 1
 fi
@@ -65,14 +67,16 @@ if [ "$deps" = 1 ]; then pip_install "$release/${wheel##*/}"; fi
 """
 
 # Run by the release's interpreter: the package it imports must be the release's own.
-_IMPORT_CHECK = """import os, sys
+_IMPORTS = """import os, sys
 import workloads, workloads.cli, workloads.runconfig
 home = os.path.realpath(sys.prefix) + os.sep
 where = os.path.realpath(workloads.__file__)
 if not where.startswith(home):
     sys.exit(f"workloads was imported from {where}, not from the release venv {home}")
-workloads.runconfig.load(sys.argv[1])
 """
+# verify also reads the run config (0600, root's on the VMs: the check before a deploy, run as
+# the login user, stops at the imports).
+_IMPORT_CHECK = _IMPORTS + "workloads.runconfig.load(sys.argv[1])\n"
 
 _VERIFY = r"""set -eu
 release=$1 fingerprint=$2 check=$3
@@ -156,6 +160,23 @@ def verify(layout: RemoteLayout, release: str, fingerprint: str, units: Sequence
         _IMPORT_CHECK,
         *units,
     ]
+
+
+def import_check() -> str:
+    """The script the release's own interpreter runs to show that its package imports from its
+    own venv (what a deploy's check asks of the active release before calling it up to date)."""
+    return _IMPORTS
+
+
+def unmark(layout: RemoteLayout, release: str) -> list[str]:
+    """Removes the release's COMPLETE marker (its package no longer imports): build may then
+    rebuild it even while it is the active one."""
+    return ["rm", "-f", "--", posixpath.join(layout.release_dir(release), MARKER)]
+
+
+def move_aside(path: str, suffix: str) -> list[str]:
+    """Renames `path` (a `current` that is not a symlink) to `<path>.<suffix>`, kept for a look."""
+    return ["mv", "-T", "--", path, f"{path}.{suffix}"]
 
 
 def switch(layout: RemoteLayout, release: str) -> list[str]:

@@ -62,7 +62,11 @@ class WorkerState:
     Attributes:
         state: the deployed state file ({} when none or damaged).
         active: the release `current` points at (None when there is none).
-        release_complete: the bundle's release directory holds a complete build.
+        release_complete: the bundle's release directory holds a complete build (its marker).
+        release_sound: complete, and its package imports from its venv with its run config
+            (a venv deleted after the marker was written is not sound).
+        current_kind: what `current` is: "link", "none", or "other" (a directory or file put
+            there by hand, which switch cannot replace).
         unit_files: the bundle's units that have a file in the unit directory.
         entries: what the releases and staging directories hold (`releases/<name>`,
             `incoming/<name>`).
@@ -73,6 +77,8 @@ class WorkerState:
     release_complete: bool
     unit_files: tuple[str, ...] = ()
     entries: tuple[str, ...] = ()
+    release_sound: bool = False
+    current_kind: str = "link"
 
     def leftovers(self, bundle: Bundle) -> bool:
         """Whether an interrupted prune left something behind besides the active release and
@@ -85,7 +91,15 @@ class WorkerState:
         )
 
     def up_to_date(self, bundle: Bundle) -> bool:
-        return self.state.get("fingerprint") == bundle.fingerprint and self.active == bundle.release
+        """Whether the worker runs `bundle` already: recorded, active, and its release complete
+        with a package that imports (not merely recorded: a deleted release or venv is
+        reinstalled)."""
+        return (
+            self.state.get("fingerprint") == bundle.fingerprint
+            and self.active == bundle.release
+            and self.release_sound
+            and self.current_kind == "link"
+        )
 
     def rollback_candidates(self, bundle: Bundle) -> list[str]:
         """The releases a deploy of `bundle` may keep for a rollback, best first: the active
@@ -104,11 +118,22 @@ class WorkerState:
         return [u for u in self.state.get("units", []) if isinstance(u, str)]
 
 
-_CHECK = r"""state=$1 current=$2 marker=$3 unit_dir=$4 releases=$5 incoming=$6
-shift 6
+_CHECK = r"""state=$1 current=$2 marker=$3 unit_dir=$4 releases=$5 incoming=$6 check=$7
+shift 7
 target=$(readlink "$current" 2>/dev/null || true)
 printf 'active=%s\n' "${target##*/}"
-if [ -e "$marker" ]; then echo complete=1; else echo complete=0; fi
+if [ -L "$current" ]; then echo current=link
+elif [ -e "$current" ]; then echo current=other
+else echo current=none; fi
+if [ -e "$marker" ]; then
+    echo complete=1
+    release=${marker%/*}
+    if "$release/venv/bin/python" -c "$check" >/dev/null 2>&1; then
+        echo sound=1
+    fi
+else
+    echo complete=0
+fi
 for entry in "$releases"/* "$releases"/.[!.]* "$incoming"/* "$incoming"/.[!.]*; do
     if [ -e "$entry" ]; then printf 'entry=%s\n' "${entry#"${entry%/*/*}/"}"; fi
 done
@@ -157,23 +182,37 @@ def read_worker(conn: fabric.Connection, layout: RemoteLayout, bundle: Bundle) -
             layout.unit_dir,
             layout.releases_dir,
             layout.incoming_dir,
+            release.import_check(),
             *sorted(bundle.units),
         ],
     )
     active, complete, units, entries = None, False, [], []
+    sound, current_kind = False, "link"
     for line in result.stdout.splitlines():
         key, _, value = line.partition("=")
         if key == "active":
             active = value or None
         elif key == "complete":
             complete = value == "1"
+        elif key == "sound":
+            sound = value == "1"
+        elif key == "current":
+            current_kind = value
         elif key == "unit":
             units.append(value)
         elif key == "entry":
             entries.append(value)
         elif key == "state":
             state_text = value
-    return WorkerState(_parse_state(state_text), active, complete, tuple(units), tuple(entries))
+    return WorkerState(
+        _parse_state(state_text),
+        active,
+        complete,
+        tuple(units),
+        tuple(entries),
+        release_sound=sound,
+        current_kind=current_kind,
+    )
 
 
 def _replace(src: str, dest: str, mode: str) -> list[list[str]]:
@@ -255,6 +294,9 @@ def prepare(
         sudo=sudo,
     )
 
+    if worker.current_kind == "other":
+        _move_current_aside(conn, layout, sudo=sudo, hook=hook)
+
     # What interrupted deploys left (half-built releases, other staging directories) goes
     # before the space is measured; the active release, the recorded previous one and a
     # complete build of this bundle stay.
@@ -268,7 +310,17 @@ def prepare(
         log_path=log,
     )
 
-    if not worker.release_complete:
+    if worker.release_complete and not worker.release_sound:
+        # Marked complete, but its package no longer imports (its venv was deleted): built
+        # again, even while active (release.build rebuilds an unmarked active release).
+        LOG.warning(
+            f"{host}: release {bundle.release} is marked complete but its package does not "
+            "import from its venv: reinstalling it"
+        )
+        hook(host, "unmark")
+        run(conn, "unmark", release.unmark(layout, bundle.release), sudo=sudo, log_path=log)
+
+    if not worker.release_sound:
         hook(host, "space")
         space.check(
             conn,
@@ -324,6 +376,21 @@ def prepare(
         needed=bundle.release_bytes(),
     )
     return target
+
+
+def _move_current_aside(
+    conn: fabric.Connection, layout: RemoteLayout, *, sudo: bool, hook: StepHook
+) -> None:
+    """`current` is a directory or file, not the release symlink: switch could not replace it
+    (after the old job was stopped). Moved aside now, before anything is stopped, and kept."""
+    host = host_name(conn)
+    suffix = "moved-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    hook(host, "current")
+    run(conn, "current", release.move_aside(layout.current, suffix), sudo=sudo)
+    LOG.warning(
+        f"{host}: {layout.current} was not the release symlink (a directory or file put there): "
+        f"moved aside to {layout.current}.{suffix}"
+    )
 
 
 def _upload(

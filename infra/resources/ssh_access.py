@@ -24,7 +24,7 @@ import pathlib
 import paramiko
 import pydantic
 
-from infra.config import stack_config
+from infra.config import stack_config, validation
 from infra.config.model import ConfigError, SshSection
 from infra.errors import InfraError
 from infra.remote import ssh
@@ -144,13 +144,21 @@ def _ssh_section(project_dir: pathlib.Path, stack: str, user: str) -> SshSection
         return SshSection(user=user)
     try:
         raw = stack_config.read_stack_file(path).get("ssh") or {}
-        return SshSection.model_validate(raw)
+        if not isinstance(raw, dict):
+            raise SshAccessError(f"{path}: ssh: {raw!r}: a mapping of ssh.* keys")
+        section = SshSection.model_validate(raw)
     except ConfigError as exc:
         raise SshAccessError("; ".join(exc.problems)) from None
     except pydantic.ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise SshAccessError(f"{path}: ssh.{where}: {first['msg']}") from None
+    # The key path is opened here, not only by the program's rules: `~nobody/key` would be a
+    # RuntimeError from pathlib, a NUL a ValueError from exec.
+    problems = validation.key_file_problems(section.private_key_file)
+    if problems:
+        raise SshAccessError(f"{path}: {problems[0]}")
+    return section
 
 
 def settings_here(access: SshAccess, project_dir: pathlib.Path | None = None) -> ssh.SshSettings:

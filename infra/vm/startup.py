@@ -98,6 +98,9 @@ TRAIN_PACKAGES = (
 # The serving host runs vLLM in its container; its venv only drives serve/eval/bench/report
 # (gs:// access, the shards' checksums, and the bench and report plots).
 SERVE_PACKAGES = ("gcsfs", "google-crc32c", "matplotlib")
+# The venv's own pip, which every deploy installs a release's wheel with (infra/remote/release.py):
+# the lock's, not whichever one ensurepip of the image's Python bundles that day.
+VENV_TOOLS = ("pip",)
 
 
 @functools.cache
@@ -131,7 +134,7 @@ def train_requirements() -> tuple[str, ...]:
     needs = no_deps()[1]
     return (
         f"--find-links {LIBTPU_FIND_LINKS}",
-        *_pinned_all((*TRAIN_PACKAGES, *needs, *core_packages())),
+        *_pinned_all((*TRAIN_PACKAGES, *needs, *core_packages(), *VENV_TOOLS)),
     )
 
 
@@ -141,7 +144,7 @@ def train_no_deps() -> tuple[str, ...]:
 
 
 def serve_requirements() -> tuple[str, ...]:
-    return _pinned_all((*SERVE_PACKAGES, *core_packages()))
+    return _pinned_all((*SERVE_PACKAGES, *core_packages(), *VENV_TOOLS))
 
 
 def lock() -> tuple[str, ...]:

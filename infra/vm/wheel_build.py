@@ -44,6 +44,7 @@ PROJECT_KEYS = frozenset(
         "readme",
         "requires-python",
         "license",
+        "license-files",
         "dependencies",
         "optional-dependencies",
         "scripts",
@@ -119,18 +120,25 @@ def _package_files(
 
 
 def _metadata(project: dict[str, Any], source_dir: pathlib.Path) -> str:
+    license_ = project.get("license")
+    # PEP 639's SPDX string needs metadata 2.4 (what setuptools writes for it); the older table
+    # form stays at 2.1.
     lines = [
-        "Metadata-Version: 2.1",
+        f"Metadata-Version: {'2.4' if isinstance(license_, str) else '2.1'}",
         f"Name: {project['name']}",
         f"Version: {project['version']}",
     ]
     if "description" in project:
         lines.append(f"Summary: {project['description']}")
-    license_ = project.get("license")
-    if isinstance(license_, dict) and "text" in license_:
+    if isinstance(license_, str):
+        lines.append(f"License-Expression: {license_}")
+    elif isinstance(license_, dict) and "text" in license_:
         lines.append(f"License: {license_['text']}")
     elif license_ is not None:
-        raise WheelBuildError(f"pyproject.toml: project.license: {license_!r}: only {{text = ...}}")
+        raise WheelBuildError(
+            f"pyproject.toml: project.license: {license_!r}: an SPDX string or {{text = ...}}"
+        )
+    lines += [f"License-File: {name}" for name in license_files(project, source_dir)]
     if "requires-python" in project:
         lines.append(f"Requires-Python: {project['requires-python']}")
     readme_text = None
@@ -159,6 +167,29 @@ def _metadata(project: dict[str, Any], source_dir: pathlib.Path) -> str:
         ]
     text = "\n".join(lines) + "\n"
     return text + ("\n" + readme_text if readme_text is not None else "")
+
+
+def license_files(project: dict[str, Any], source_dir: pathlib.Path) -> list[str]:
+    """The license files the wheel carries, relative to `source_dir`: project.license-files'
+    globs when set (PEP 639), else the conventional names that exist.
+
+    Raises:
+        WheelBuildError: license-files is not a list of strings, or a glob matches nothing.
+    """
+    if "license-files" not in project:
+        return [name for name in LICENSE_NAMES if (source_dir / name).is_file()]
+    names: list[str] = []
+    for pattern in _strings(project["license-files"], "license-files"):
+        matches = sorted(
+            p.relative_to(source_dir).as_posix() for p in source_dir.glob(pattern) if p.is_file()
+        )
+        if not matches:
+            raise WheelBuildError(
+                f"pyproject.toml: project.license-files: {pattern!r}: matches no file in "
+                f"{source_dir}"
+            )
+        names += [m for m in matches if m not in names]
+    return names
 
 
 def wheel_name(source_dir: pathlib.Path) -> str:
@@ -218,9 +249,8 @@ def members(source_dir: pathlib.Path) -> list[tuple[str, bytes, bool]]:
     for path in _package_files(source_dir, packages, data):
         rel = path.relative_to(source_dir).as_posix()
         out.append((rel, path.read_bytes(), os.access(path, os.X_OK)))
-    for name in LICENSE_NAMES:
-        if (source_dir / name).is_file():
-            out.append((f"{dist_info}/licenses/{name}", (source_dir / name).read_bytes(), False))
+    for name in license_files(project, source_dir):
+        out.append((f"{dist_info}/licenses/{name}", (source_dir / name).read_bytes(), False))
     out.append((f"{dist_info}/METADATA", _metadata(project, source_dir).encode(), False))
     wheel = f"Wheel-Version: 1.0\nGenerator: {GENERATOR}\nRoot-Is-Purelib: true\n"
     out.append((f"{dist_info}/WHEEL", (wheel + "Tag: py3-none-any\n").encode(), False))

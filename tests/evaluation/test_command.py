@@ -125,7 +125,7 @@ def test_eval_reads_the_run_config(openai_server, problems_dir, tmp_path):
     assert (summary["problems"], summary["n"], summary["pass_at"]) == (1, 2, {"1": 1.0, "2": 1.0})
 
 
-def test_k_larger_than_n_is_refused(problems_dir, tmp_path, capsys):
+def test_a_list_with_no_k_within_n_is_refused(problems_dir, tmp_path, capsys):
     argv = [
         "eval",
         "--problems",
@@ -136,9 +136,30 @@ def test_k_larger_than_n_is_refused(problems_dir, tmp_path, capsys):
         str(tmp_path),
         "-n",
         "3",
+        "--ks",
+        "5,10",
     ]
     assert cli.main(argv) == 2
-    assert "pass@k with k=[5]" in capsys.readouterr().err
+    assert "pass@k with k=[5, 10] needs at least that many samples; n is 3" in (
+        capsys.readouterr().err
+    )
+
+
+def test_greedy_evaluation_reports_pass_at_1(openai_server, problems_dir, tmp_path, caplog):
+    """n = 1 at temperature 0 with the default ks (1, 5): pass@1 is reported, pass@5 is left out
+    with one line, instead of the whole eval failing on pass@5."""
+    openai_server.answer = _answers()
+    out = tmp_path / "results"
+    argv = ["eval", "--problems", problems_dir, "--endpoint", openai_server.url]
+    argv += ["--out", str(out), "-n", "1", "--temperature", "0", "--sim-timeout", "5"]
+    assert cli.main(argv) == 0
+    assert len(openai_server.requests) == 3
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["n"], summary["temperature"]) == (1, 0)
+    assert summary["pass_at"] == {"1": pytest.approx((1 + 1 + 0) / 3)}
+    assert "pass@k for k=[5] left out: n is 1 sample(s) per problem; reporting pass@1" in (
+        caplog.text
+    )
 
 
 def test_missing_problems_dir_is_refused(tmp_path, capsys):

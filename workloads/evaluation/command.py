@@ -160,11 +160,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         lines = settings_lib.problem_lines(exc.errors(), runconfig.EvalSection)
         raise errors.UserError("eval: " + "; ".join(lines)) from None
     settings |= checked.model_dump()
-    too_big = [k for k in settings["ks"] if k > settings["n"]]
-    if too_big:
-        raise errors.UserError(
-            f"pass@k with k={too_big} needs at least that many samples; n is {settings['n']}"
-        )
+    settings["ks"] = _ks_within_n(settings["ks"], settings["n"])
     if not 0 < args.request_timeout < math.inf:  # also refuses nan
         raise errors.UserError(
             f"--request-timeout {args.request_timeout}: need a number of seconds > 0"
@@ -173,6 +169,28 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         raise errors.UserError(f"--jobs {args.jobs}: need at least 1 parallel simulation")
     sampling.check_endpoint(settings["endpoint"])
     return settings
+
+
+def _ks_within_n(ks: tuple[int, ...], n: int) -> tuple[int, ...]:
+    """The k of `ks` that n samples per problem can score: greedy decoding (n = 1) reports
+    pass@1 rather than failing on the pass@5 of the default list; the rest are named once.
+
+    Raises:
+        UserError: no k of the list is <= n.
+    """
+    kept = tuple(k for k in ks if k <= n)
+    dropped = [k for k in ks if k > n]
+    if not kept:
+        raise errors.UserError(
+            f"pass@k with k={dropped} needs at least that many samples; n is {n}: "
+            f"use --ks with values <= {n} or a larger -n"
+        )
+    if dropped:
+        LOG.info(
+            f"pass@k for k={dropped} left out: n is {n} sample(s) per problem; "
+            f"reporting {', '.join(f'pass@{k}' for k in kept)}"
+        )
+    return kept
 
 
 def _pick_model(client: sampling.ChatClient) -> str:

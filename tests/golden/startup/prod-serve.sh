@@ -15,7 +15,7 @@ readonly LOG_FILE=/var/log/gemma4-startup.log
 readonly STAGES_FILE=/var/lib/gemma4/stages.jsonl
 # This script, kept on the VM so the jobs after ready can run it as their own systemd unit.
 readonly SCRIPT_COPY=/var/lib/gemma4/startup.sh
-readonly REQUIREMENTS_DIGEST=cce18adf7fa5dc15
+readonly REQUIREMENTS_DIGEST=34122da27a3710ee
 # gs://.../venv-<digest>.tar.gz: this venv packed by the first VM, restored by the others ('':
 # none). Its .sha256 next to it is written last and checked before anything is unpacked.
 readonly VENV_ARCHIVE_URI=''
@@ -30,6 +30,7 @@ readonly -a REQUIREMENTS=(
   pyyaml==6.0.4
   jinja2==3.1.6
   fsspec==2026.9.0
+  pip==26.3
 )
 # Installed after REQUIREMENTS without their dependencies (pyproject's [tool.gemma4-tpu.no-deps]).
 readonly -a NO_DEPS=(
@@ -152,6 +153,7 @@ readonly -a CONSTRAINTS=(
   pathspec==1.1.1
   perfetto==0.59.1
   pillow==13.0.0
+  pip==26.3
   platformdirs==4.14.8
   pluggy==1.7.0
   portpicker==1.6.0
@@ -189,6 +191,7 @@ readonly -a CONSTRAINTS=(
   scipy==1.17.1
   semver==3.1.2
   sentencepiece==0.2.3
+  setuptools==84.2.1
   shellingham==1.5.4
   simple-parsing==0.1.9
   simplejson==4.3.0

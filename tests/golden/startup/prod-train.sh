@@ -15,10 +15,10 @@ readonly LOG_FILE=/var/log/gemma4-startup.log
 readonly STAGES_FILE=/var/lib/gemma4/stages.jsonl
 # This script, kept on the VM so the jobs after ready can run it as their own systemd unit.
 readonly SCRIPT_COPY=/var/lib/gemma4/startup.sh
-readonly REQUIREMENTS_DIGEST=6b7fdd42b72bf780
+readonly REQUIREMENTS_DIGEST=e619533daaad7d4e
 # gs://.../venv-<digest>.tar.gz: this venv packed by the first VM, restored by the others ('':
 # none). Its .sha256 next to it is written last and checked before anything is unpacked.
-readonly VENV_ARCHIVE_URI=gs://your-gcp-project-gemma4-prod-us-central1/venv/train-6b7fdd42b72bf780.tar.gz
+readonly VENV_ARCHIVE_URI=gs://your-gcp-project-gemma4-prod-us-central1/venv/train-e619533daaad7d4e.tar.gz
 # uv (pinned by the lock) installs the venvs; it lives in a small venv of its own.
 readonly UV_REQUIREMENT=uv==0.13.8
 readonly UV_VENV="$VENV_DIR-uv"
@@ -51,6 +51,7 @@ readonly -a REQUIREMENTS=(
   pyyaml==6.0.4
   jinja2==3.1.6
   fsspec==2026.9.0
+  pip==26.3
 )
 # Installed after REQUIREMENTS without their dependencies (pyproject's [tool.gemma4-tpu.no-deps]).
 readonly -a NO_DEPS=(
@@ -174,6 +175,7 @@ readonly -a CONSTRAINTS=(
   pathspec==1.1.1
   perfetto==0.59.1
   pillow==13.0.0
+  pip==26.3
   platformdirs==4.14.8
   pluggy==1.7.0
   portpicker==1.6.0
@@ -211,6 +213,7 @@ readonly -a CONSTRAINTS=(
   scipy==1.17.1
   semver==3.1.2
   sentencepiece==0.2.3
+  setuptools==84.2.1
   shellingham==1.5.4
   simple-parsing==0.1.9
   simplejson==4.3.0

@@ -4,11 +4,14 @@ service wrapper its startup script writes, run with fake gcloud and python."""
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
 import pathlib
 import shutil
 import subprocess
 import tarfile
+import zlib
 
 import pulumi
 import pytest
@@ -171,6 +174,81 @@ def test_the_source_it_runs_is_this_checkout(rec, tmp_path: pathlib.Path) -> Non
     # Byte-for-byte the same when built again (the controller's own `up` changes nothing).
     again = source_archive.write_archive("dev", tmp_path)
     assert again.read_bytes() == archive.read_bytes()
+
+
+def _asset_identity(recording: pulumi_mocks.Recording) -> tuple[str, str, str]:
+    """What Pulumi compares of the uploaded source: the object's name and the SHA-256 of the
+    FileAsset's bytes (the engine hashes the file), with the file's content-addressed name."""
+    obj = recording.one(OBJECT).inputs
+    path = pathlib.Path(obj["source"].path)
+    return obj["name"], path.name, hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _other_zlib(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another machine's compressor: a different level and macOS's OS byte (19) in every gzip
+    header, and a zlib that deflates differently (as zlib-ng does)."""
+    real_gzip, real_zlib = gzip.compress, zlib.compress
+
+    def gzip_compress(data: bytes, compresslevel: int = 9, *, mtime: float | None = None) -> bytes:
+        out = bytearray(real_gzip(data, compresslevel=1, mtime=mtime))
+        out[9] = 19
+        return bytes(out)
+
+    monkeypatch.setattr(gzip, "compress", gzip_compress)
+    monkeypatch.setattr(
+        zlib, "compress", lambda data, level=-1, wbits=15: real_zlib(data, 1, wbits)
+    )
+
+
+def test_another_machines_compressor_leaves_what_pulumi_compares_unchanged(
+    rec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The controller's `up` rebuilds the archive with its own zlib; it only reads the bucket, so
+    a different hash would be an upload refused with a 403."""
+    _other_zlib(monkeypatch)
+    assert _asset_identity(_run(_mapping())) == _asset_identity(rec)
+
+
+def _tiny_checkout(root: pathlib.Path, script_mode: int) -> None:
+    for name in (*source_archive.ENTRIES[:5], "Pulumi.dev.yaml"):
+        (root / name).write_text(f"{name}\n")
+    for package in ("infra", "workloads", "templates"):
+        (root / package).mkdir()
+        (root / package / "x.py").write_text("x = 1\n")
+    script = root / "templates" / "run.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(script_mode)
+    (root / "infra" / "x.py").chmod(script_mode)
+
+
+def test_modes_come_from_the_content_not_from_the_checkouts_permission_bits(
+    tmp_path: pathlib.Path,
+) -> None:
+    built = []
+    for mode in (0o755, 0o600):
+        root = tmp_path / oct(mode)
+        root.mkdir()
+        _tiny_checkout(root, mode)
+        built.append(source_archive.write_archive("dev", tmp_path / f"out-{mode}", root))
+    assert built[0].name == built[1].name
+    assert built[0].read_bytes() == built[1].read_bytes()
+    with tarfile.open(built[0]) as tar:
+        modes = {m.name: m.mode for m in tar.getmembers()}
+    assert modes["templates/run.sh"] == 0o755
+    assert modes["infra/x.py"] == 0o644 and modes["Pulumi.yaml"] == 0o644
+
+
+def test_the_controllers_rebuild_from_its_unpacked_copy_is_the_same_archive(
+    tmp_path: pathlib.Path,
+) -> None:
+    """What the controller's `up` does: unpack the uploaded archive (as its service does, under
+    its own umask) and build the archive again from that copy."""
+    uploaded = source_archive.write_archive("dev", tmp_path / "laptop")
+    src = tmp_path / "src"
+    subprocess.run(["tar", "-xf", str(uploaded), "-C", str(src.mkdir() or src)], check=True)
+    rebuilt = source_archive.write_archive("dev", tmp_path / "controller", src)
+    assert rebuilt.name == uploaded.name
+    assert rebuilt.read_bytes() == uploaded.read_bytes()
 
 
 @pytest.mark.parametrize(
@@ -388,7 +466,15 @@ def test_the_service_wrapper_installs_the_source_reads_its_secrets_and_runs_reco
     # run.sh puts its own PATH first: the fake gcloud must still be found there.
     lines = calls.read_text().splitlines()
     assert lines[0].startswith("gcloud storage cp --quiet gs://acme-gemma4-dev-us-central1/")
-    assert any("-e src[infra]" in line for line in lines)
+    # pip and setuptools at the lock's versions first, then the project built with them: no
+    # build tool is fetched at run time.
+    installs = [line for line in lines if line.startswith("python -m pip install")]
+    assert installs == [
+        "python -m pip install -q --disable-pip-version-check -c src/constraints.txt "
+        "pip setuptools",
+        "python -m pip install -q --disable-pip-version-check --no-build-isolation "
+        "-c src/constraints.txt -e src[infra]",
+    ]
     assert lines[-4] == (
         "python -m infra.ops --stack dev recover --watch --yes --interval 90 --until-new-source "
         f"gs://acme-gemma4-dev-us-central1/recovery/source-dev.tar.gz {app}/source.tar.gz"

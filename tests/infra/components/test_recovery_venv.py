@@ -65,7 +65,7 @@ def test_the_controllers_venv_runs_the_program_and_builds_the_laptops_wheel(
 ) -> None:
     python = _controller_venv(tmp_path / "venv")
     src = tmp_path / "src"
-    with tarfile.open(fileobj=io.BytesIO(source_archive.archive_bytes(STACK)), mode="r:gz") as tar:
+    with tarfile.open(fileobj=io.BytesIO(source_archive.archive_bytes(STACK)), mode="r") as tar:
         tar.extractall(src, filter="data")
     proc = subprocess.run(
         [str(python), "-c", SCRIPT, STACK],

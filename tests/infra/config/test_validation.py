@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import typing
 
 import pytest
 
@@ -131,7 +132,45 @@ CASES = [
         PROD,
         {"serving": {"minConcurrentSequences": 64}},
         True,
-        "serving.minConcurrentSequences: 64: estimated HBM per chip",
+        "serving.minConcurrentSequences: 64, serving.tensorParallelSize: 8, "
+        "serving.maxModelLen: 16384, serving.hbmUtilization: 0.9, serving.kvCacheDtype: 'auto': "
+        "estimated HBM per chip",
+    ),
+    (
+        # Too small a share of HBM: every key that feeds the estimate and its budget is named,
+        # the one the stack set first.
+        "vllm-hbm-utilization-too-small",
+        PROD,
+        {"serving": {"hbmUtilization": 0.3}},
+        True,
+        "serving.tensorParallelSize: 8, serving.hbmUtilization: 0.3, serving.maxModelLen: 16384, "
+        "serving.minConcurrentSequences: 1, serving.kvCacheDtype: 'auto': estimated HBM per "
+        "chip 12.0 GB (the 62.5 GB of model.name 'gemma-4-31b' / TP + KV cache for 1 x 16384 "
+        "tokens) exceeds 30% of the 32.0 GB of v6e-8; raise tensorParallelSize or "
+        "hbmUtilization, or lower maxModelLen, minConcurrentSequences, or set kvCacheDtype fp8",
+    ),
+    (
+        "duplicate-lora-target",
+        DEV,
+        {"lora": {"targets": ["q_einsum", "kv_einsum", "q_einsum"]}},
+        True,
+        "lora.targets[2]: 'q_einsum': already listed as lora.targets[0]; list each once",
+    ),
+    (
+        "duplicate-ssh-range",
+        DEV,
+        {"ssh": {"sourceRanges": ["198.51.100.7/32", "198.51.100.7/32"]}},
+        True,
+        "ssh.sourceRanges[1]: '198.51.100.7/32': already listed as ssh.sourceRanges[0]; list "
+        "each once",
+    ),
+    (
+        "duplicate-api-range",
+        PROD,
+        {"serving": {"apiSourceRanges": ["203.0.113.0/24", "203.0.113.0/24"]}},
+        True,
+        "serving.apiSourceRanges[1]: '203.0.113.0/24': already listed as "
+        "serving.apiSourceRanges[0]; list each once",
     ),
     (
         "queue-capacity-typo",
@@ -174,7 +213,9 @@ CASES = [
         PROD,
         {"serving": {"tensorParallelSize": 2}},
         True,
-        "serving.tensorParallelSize: 2: estimated HBM per chip",
+        "serving.tensorParallelSize: 2, serving.maxModelLen: 16384, "
+        "serving.minConcurrentSequences: 1, serving.hbmUtilization: 0.9, "
+        "serving.kvCacheDtype: 'auto': estimated HBM per chip",
     ),
     (
         "weights-on-boot-disk",
@@ -418,13 +459,6 @@ CASES = [
         "serving.port: 22: is SSH's port on the TPU VM",
     ),
     (
-        "too-few-samples-for-pass-at-5",
-        PROD,
-        {"serving": {"eval": {"n": 3}}},
-        True,
-        "serving.eval.n: 3: pass@5 needs at least 5 samples per problem",
-    ),
-    (
         "context-shorter-than-the-benchmark",
         PROD,
         {"serving": {"maxModelLen": 8192}},
@@ -651,6 +685,15 @@ def test_valid_variants_pass():
         {"provisioning": "queued", "queue": {"capacity": "on-demand"}, "stopAfterHours": 8},
     ):
         stack_config.parse_stack_config(_merge(PROD, {"serving": serving}), has_hf_token=True)
+    # Greedy evaluation: one sample per problem scores pass@1 (the eval leaves pass@5 out).
+    cfg = stack_config.parse_stack_config(
+        _merge(PROD, {"serving": {"eval": {"n": 1, "temperature": 0}}}), has_hf_token=True
+    )
+    assert (cfg.serving.eval.n, cfg.serving.eval.temperature) == (1, 0)
+    # Distinct list values pass, and a repeat of the zone across sections is no repeat.
+    stack_config.parse_stack_config(
+        _merge(DEV, {"lora": {"targets": ["q_einsum", "kv_einsum"]}}), has_hf_token=True
+    )
     for image in (
         "registry.example.com:5000/ml/vllm-tpu:2026-11-01",
         "us-docker.pkg.dev/acme/ml/vllm-tpu@sha256:" + "0a" * 32,
@@ -784,3 +827,15 @@ def test_an_fp8_kv_cache_halves_the_kv_part_of_the_hbm_estimate():
     kv_bf16 = sizing.serving_hbm_bytes(bf16) - weights_and_reserve
     assert sizing.serving_hbm_bytes(fp8) - weights_and_reserve == kv_bf16 // 2
     assert fp8.serving.kv_cache_dtype == "fp8"
+
+
+def test_every_list_valued_key_is_checked_for_repeats():
+    """A list key added to the schema must be given a repeat check (rule_list_repeats, or
+    rule_zone_lists for the zone fallbacks)."""
+    from infra.config import reference
+
+    lists = {
+        key.path for key in reference.iter_keys() if typing.get_origin(key.base) in (tuple, list)
+    }
+    checked = set(validation.READS["rule_list_repeats"]) | set(validation.READS["rule_zone_lists"])
+    assert lists and lists <= checked, sorted(lists - checked)

@@ -487,10 +487,27 @@ def test_the_stack_option_is_taken_before_and_after_the_subcommand() -> None:
     assert parser.parse_args(["status"]).stack is None  # the selected stack
 
 
+@pytest.mark.parametrize(
+    ("stack_file", "names"),
+    [
+        ("config:\n  gemma4-tpu:ssh:\n    user: [1, 2]\n", "Pulumi.dev.yaml: ssh.user"),
+        (
+            "config:\n  gemma4-tpu:ssh:\n    privateKeyFile: '~nosuchuser9/id'\n",
+            "Pulumi.dev.yaml: ssh.privateKeyFile: '~nosuchuser9/id': no user 'nosuchuser9'",
+        ),
+        (
+            'config:\n  gemma4-tpu:ssh:\n    privateKeyFile: "a\\0b"\n',
+            "Pulumi.dev.yaml: ssh.privateKeyFile: 'a\\x00b': a file path",
+        ),
+        ("config:\n  gemma4-tpu:ssh: 5\n", "Pulumi.dev.yaml: ssh: 5: a mapping of ssh.* keys"),
+        ("- 1\n", "Pulumi.dev.yaml: list: a stack file is a mapping"),
+    ],
+    ids=["user-list", "unknown-user-home", "nul-in-key-path", "ssh-not-mapping", "not-mapping"],
+)
 def test_a_bad_ssh_section_on_this_machine_is_one_line_exit_2(
-    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys, stack_file: str, names: str
 ) -> None:
-    (tmp_path / "Pulumi.dev.yaml").write_text("config:\n  gemma4-tpu:ssh:\n    user: [1, 2]\n")
+    (tmp_path / "Pulumi.dev.yaml").write_text(stack_file)
     monkeypatch.setattr(ssh_access, "PROJECT_DIR", tmp_path)
     info = {"vm": "gemma4-train", "hosts": ["10.0.0.1"], "ssh_user": "u", "stack": "dev"}
     never = lambda argv: pytest.fail(f"ran {argv}")  # noqa: E731 - nothing may run
@@ -499,7 +516,7 @@ def test_a_bad_ssh_section_on_this_machine_is_one_line_exit_2(
     )
     assert (code, out) == (2, "")
     assert err.startswith("error: ") and err.count("\n") == 1, err
-    assert "Pulumi.dev.yaml: ssh.user" in err and "Traceback" not in err
+    assert names in err and "Traceback" not in err
 
 
 def test_internal_flags_are_hidden_from_help_but_work(capsys) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import threading
@@ -359,3 +360,73 @@ def test_a_worker_that_cannot_install_leaves_every_worker_on_the_old_version(
         assert found["active"] == f"releases/{new.release}"
         assert found["state"]["fingerprint"] == new.fingerprint
         assert set(found["releases"]) == set(found["complete"]) == {old.release, new.release}
+
+
+# A deploy that finds the same bundle recorded must still find it working.
+
+
+@pytest.mark.sshd
+@pytest.mark.parametrize("lost", ["release", "venv"])
+def test_the_same_bundle_is_reinstalled_when_its_active_release_or_venv_was_deleted(
+    worker: Worker, wheel: workloads_wheel.Wheel, lost: str
+) -> None:
+    bundle = make_bundle(worker.root, wheel)
+    deploy([worker], bundle, Steps())
+    release_dir = worker.root / "opt/gemma4/releases" / bundle.release
+    shutil.rmtree(release_dir if lost == "release" else release_dir / "venv")
+    worker.clear_calls()
+
+    hook = Steps()
+    assert deploy([worker], bundle, hook) == [remote.HostResult(host(worker), True)]
+    assert "install" in hook.steps() and "switch" in hook.steps()
+    assert ("unmark" in hook.steps()) == (lost == "venv")  # its marker outlived the venv
+    assert_converged(worker, bundle)
+    # Then it is up to date again: one check, nothing else.
+    hook = Steps()
+    assert deploy([worker], bundle, hook) == [remote.HostResult(host(worker), False)]
+    assert hook.steps() == ["check"]
+
+
+@pytest.mark.sshd
+@pytest.mark.parametrize("kind", ["directory", "file"])
+def test_a_current_that_is_not_a_symlink_is_moved_aside_before_the_old_job_stops(
+    worker: Worker,
+    wheel: workloads_wheel.Wheel,
+    kind: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    old, new = _two_bundles(worker, wheel)
+    deploy([worker], old, Steps())
+    current = worker.root / "opt/gemma4/current"
+    current.unlink()
+    if kind == "directory":
+        shutil.copytree(worker.root / "opt/gemma4/releases" / old.release, current, symlinks=True)
+    else:
+        current.write_text("not a release\n")
+    worker.clear_calls()
+
+    hook = Steps()
+    assert deploy([worker], new, hook) == [remote.HostResult(host(worker), True)]
+    steps = hook.steps()
+    assert steps.index("current") < steps.index("stop") < steps.index("switch")
+    moved = sorted(p.name for p in current.parent.glob("current.moved-*"))
+    assert len(moved) == 1
+    assert (current.parent / moved[0]).is_dir() == (kind == "directory")
+    notices = [
+        r.getMessage() for r in caplog.records if "not the release symlink" in r.getMessage()
+    ]
+    assert notices == [
+        f"{host(worker)}: {current} was not the release symlink (a directory or file put "
+        f"there): moved aside to {current.parent / moved[0]}"
+    ]
+    assert_converged(worker, new, previous=old)
+
+
+def test_build_rebuilds_an_active_release_that_lost_its_marker(tmp_path: pathlib.Path) -> None:
+    layout = remote.RemoteLayout(str(tmp_path))
+    _release_tree(tmp_path, complete=[], partial=["a"])
+    os.symlink("releases/a", tmp_path / "opt/gemma4/current")
+    proc = _sh(release.build(layout, "a", str(tmp_path / "x.whl"), install_deps=False))
+    # It went past the refusal: it removed the broken release and started building it.
+    assert "is the active release" not in proc.stderr
+    assert not (tmp_path / "opt/gemma4/releases/a/venv").exists()

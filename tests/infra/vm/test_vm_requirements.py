@@ -248,3 +248,17 @@ def test_the_rendered_script_installs_with_the_whole_lock():
         f"google-tunix=={startup.pinned_versions()['google-tunix']}",
     )
     assert 'uv_install "$VENV_DIR" --no-deps -c "$constraints" "${NO_DEPS[@]}"' in train
+
+
+def test_pip_and_the_build_backend_are_pinned_once():
+    """pip and setuptools are in the lock (pip freeze leaves them out); the build backend
+    pyproject requires is the lock's; both VM venvs get the lock's pip (the deploy installs each
+    release with it) and the controller installs both from the lock before building."""
+    import tomllib
+
+    pins = startup.pinned_versions()
+    assert {"pip", "setuptools"} <= pins.keys()
+    build = tomllib.loads(startup.PYPROJECT_FILE.read_text())["build-system"]["requires"]
+    assert build == [f"setuptools=={pins['setuptools']}"]
+    pip = f"pip=={pins['pip']}"
+    assert pip in startup.train_requirements() and pip in startup.serve_requirements()

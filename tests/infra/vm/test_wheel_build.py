@@ -86,8 +86,18 @@ def test_members_and_requirements_match_a_setuptools_build(tmp_path: pathlib.Pat
             if ".dist-info/" not in name:
                 assert a.read(name) == b.read(name), name
     mine, setuptools_ = _metadata(ours), _metadata(theirs)
-    for field in ("Name", "Version", "Summary", "Requires-Python", "License"):
+    for field in (
+        "Metadata-Version",
+        "Name",
+        "Version",
+        "Summary",
+        "Requires-Python",
+        "License",
+        "License-Expression",
+    ):
         assert mine[field] == setuptools_[field], field
+    assert mine.get_all("License-File") == setuptools_.get_all("License-File") == ["LICENSE"]
+    assert mine["License-Expression"] == "Apache-2.0"
     assert sorted(mine.get_all("Provides-Extra")) == sorted(setuptools_.get_all("Provides-Extra"))
     assert {str(Requirement(r)) for r in mine.get_all("Requires-Dist")} == {
         str(Requirement(r)) for r in setuptools_.get_all("Requires-Dist")
@@ -137,7 +147,7 @@ def test_clone_and_recovery_archive_give_the_same_fingerprint(tmp_path: pathlib.
     archive leaves out: tests, docs, .git). Both wheels hash the same."""
     clone = workloads_wheel.build_wheel(REPO, tmp_path / "clone-cache")
     unpacked = tmp_path / "archive"
-    with tarfile.open(fileobj=io.BytesIO(source_archive.archive_bytes("dev")), mode="r:gz") as tar:
+    with tarfile.open(fileobj=io.BytesIO(source_archive.archive_bytes("dev")), mode="r") as tar:
         tar.extractall(unpacked, filter="data")
     assert not (unpacked / "tests").exists()
     from_archive = workloads_wheel.build_wheel(unpacked, tmp_path / "archive-cache")
