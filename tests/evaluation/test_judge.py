@@ -215,6 +215,86 @@ def test_classify_follows_the_analyzer():
     )
 
 
+@pytest.mark.parametrize("name", sorted(vs.REACHES_OUT))
+def test_a_design_that_reaches_into_the_testbench_is_refused(loaded, tmp_path, name):
+    code = vs.REACHES_OUT[name]
+    # The official flow passes the wrong design: it cleared the counter the verdict reads.
+    assert official_flow.status(code, loaded["majority3"], tmp_path) == "."
+    verdict = judge.judge_sample(code, loaded["majority3"], expected_samples=57, limits=FAST)
+    assert (verdict.passed, verdict.status) == (False, "H")
+    assert verdict.reason == "refused: hierarchical reference out of the design: tb.wrong"
+    assert verdict.samples is None  # refused before the simulation
+    assert judge.STATUS_MEANINGS["H"] == "reaches outside the design"
+
+
+def test_hierarchical_names_inside_the_design_pass(loaded, tmp_path):
+    code = vs.MAJORITY_INTERNAL_NAMES
+    assert official_flow.status(code, loaded["majority3"], tmp_path) == "."
+    verdict = judge.judge_sample(code, loaded["majority3"], expected_samples=57, limits=FAST)
+    assert (verdict.passed, verdict.status) == (True, "."), verdict.reason
+
+
+# verilog-eval's own testbenches keep their counters in a struct `stats1` inside `tb`, and one
+# here adds a parameter the verdict depends on, for a defparam to reach.
+STATS_TESTBENCH = """\
+`timescale 1 ps/1 ps
+module stimulus_gen (input clk, output logic a, output logic b, output logic c);
+  initial begin
+    repeat (20) @(negedge clk) {a, b, c} = $random;
+    @(negedge clk) $finish;
+  end
+endmodule
+
+module tb();
+  typedef struct packed {
+    int errors;
+    int clocks;
+  } stats;
+  stats stats1;
+  parameter int CHECKED = 1;
+  logic clk = 0;
+  always #5 clk = ~clk;
+  logic a, b, c, y_ref, y_dut;
+  initial stats1 = '0;
+  stimulus_gen stim1 (.clk, .a, .b, .c);
+  RefModule good1 (.a, .b, .c, .y(y_ref));
+  TopModule top_module1 (.a, .b, .c, .y(y_dut));
+  always @(posedge clk) begin
+    stats1.clocks++;
+    if (CHECKED && y_ref !== y_dut) stats1.errors++;
+  end
+  final $display("Mismatches: %1d in %1d samples", stats1.errors, stats1.clocks);
+endmodule
+"""
+_WRONG_MAJORITY = vs.MAJORITY_WRONG.replace("endmodule\n", "")
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        (
+            "  final tb.stats1.errors = 0;\n",
+            "refused: hierarchical reference out of the design: tb.stats1.errors",
+        ),
+        ("  defparam tb.CHECKED = 0;\n", "refused: defparam out of the design: tb.CHECKED"),
+    ],
+)
+def test_verilog_eval_testbench_counters_are_out_of_reach(loaded, tmp_path, line, reason):
+    test_path = tmp_path / "Prob900_stats_test.sv"
+    test_path.write_text(STATS_TESTBENCH)
+    problem = problems.Problem(
+        "Prob900_stats", 900, "spec", str(test_path), loaded["majority3"].ref_path
+    )
+    reference = judge.reference_run(problem, limits=FAST)
+    assert reference.samples == 21
+    wrong = judge.judge_sample(vs.MAJORITY_WRONG, problem, expected_samples=21, limits=FAST)
+    assert wrong.status == "R"
+    forging = _WRONG_MAJORITY + line + "endmodule\n"
+    assert official_flow.status(forging, problem, tmp_path / "official") == "."
+    verdict = judge.judge_sample(forging, problem, expected_samples=21, limits=FAST)
+    assert (verdict.passed, verdict.status, verdict.reason) == (False, "H", reason)
+
+
 def test_judge_all_runs_a_hostile_mix_in_parallel(loaded, tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # judge's temporary directories land here
     import tempfile
@@ -323,14 +403,16 @@ def test_the_official_commands_run_in_a_private_directory_per_sample(loaded, mon
         "sample.preprocessed.sv",
         "sample.sv",
     ]
+    alone_argv = ["iverilog", "-g2012", "-Wno-timescale", "-t", "null", "-s", "TopModule"]
     assert [argv for argv, _, _ in calls] == [
         preprocess_argv,
         compile_argv,
+        [*alone_argv, "sample.sv"],  # the design elaborated without the testbench
         ["vvp", "-n", "sim"],
     ] * 2
     assert calls[0][2] == ["sample.sv"]  # the design is preprocessed alone
     assert calls[1][2] == ["ref.sv", "sample.sv", "test.sv"]
-    assert calls[0][1] == calls[1][1] == calls[2][1] != calls[3][1]  # one directory per sample
+    assert calls[0][1] == calls[1][1] == calls[3][1] != calls[4][1]  # one directory per sample
     assert not os.path.exists(calls[0][1])  # removed afterwards
 
 

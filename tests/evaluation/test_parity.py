@@ -84,6 +84,8 @@ class Row:
     official: str  # the official analyzer's letter
     ours: str  # our letter: the same pass or fail; the same letter unless a comment says why
     kept: tuple[str, ...] | None = None  # the modules our design keeps, when it matters
+    # Why our verdict differs from the official one (pass against fail), when it does.
+    differs: str = ""
 
 
 PARITY: dict[str, Row] = {
@@ -178,6 +180,15 @@ PARITY: dict[str, Row] = {
     # c: a column-0 endmodule before `module TopModule`: the text from the top to that
     # endmodule, the helper alone.
     "bare code, helper module first": Row(HELPER_AND + "\n" + TOP_WITH_HELPER, "m", "m"),
+    # The one difference for a design that compiles and runs to the testbench's verdict: a
+    # wrong design that writes the testbench's mismatch counter (`tb.wrong`) passes the official
+    # flow; we elaborate the design alone too, where that name cannot bind, and refuse it.
+    "fence: wrong design that clears the testbench's counter": Row(
+        fenced(vs.REACHES_OUT["writes_the_counter"]),
+        ".",
+        "H",
+        differs="hierarchical reference out of the design",
+    ),
     # Reasoning is not part of the answer the official flow sees (the server's parser strips
     # it); then b.
     "reasoning, then a fence": Row(
@@ -208,7 +219,9 @@ def test_parity(shape, majority, tmp_path):
         official_code=extraction.official_code,
     )
     assert verdict.status == row.ours, (verdict.reason, extraction)
-    assert verdict.passed is (row.official == ".")
+    assert verdict.passed is (row.official == "." and not row.differs)
+    if row.differs:
+        assert row.differs in verdict.reason
     assert time.monotonic() - started < 2
     if row.kept is not None:
         assert extract.declared_modules(extraction.code) == list(row.kept)
@@ -219,6 +232,17 @@ def test_the_table_covers_both_verdicts_and_every_rule():
     methods = {extract.extract_code(row.answer).method for row in PARITY.values()}
     assert outcomes == {True, False}
     assert {"fence", "begin-done", "bare"} <= methods
+
+
+def test_the_only_verdicts_that_differ_are_named():
+    """Pass against fail between the official flow and ours happens in named rows only (the
+    hostile samples of test_judge.py aside): today one, a design reaching into the testbench."""
+    differing = {shape: row.differs for shape, row in PARITY.items() if row.differs}
+    assert differing == {
+        "fence: wrong design that clears the testbench's counter": (
+            "hierarchical reference out of the design"
+        )
+    }
 
 
 def test_the_helper_testbench_is_not_compiled(majority):

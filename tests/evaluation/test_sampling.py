@@ -205,12 +205,14 @@ def raw_server():
         server.close()
 
 
-def _drip(conn, stop):
+def _drip(conn, stop, status_line=b"HTTP/1.1 200 OK", closing=b""):
     """A 200 with a valid header, then the body one byte every 0.1 s: every single read
     finishes well within any socket timeout, the whole answer never does."""
     body = json.dumps({"choices": [{"message": {"content": "x" * 1000}}]}).encode()
     conn.sendall(
-        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        status_line
+        + b"\r\nContent-Type: application/json\r\n"
+        + closing
         + f"Content-Length: {len(body)}\r\n\r\n".encode()
     )
     for byte in body:
@@ -219,8 +221,18 @@ def _drip(conn, stop):
         conn.sendall(bytes([byte]))
 
 
-def test_a_dripping_endpoint_hits_the_total_deadline(raw_server):
-    server = raw_server(_drip)
+# An answer that closes the connection makes http.client hand the socket over to the response
+# (connection.sock becomes None): the deadline must reach it there too.
+DRIPS = {
+    "keep-alive": _drip,
+    "HTTP/1.0": lambda conn, stop: _drip(conn, stop, b"HTTP/1.0 200 OK"),
+    "Connection: close": lambda conn, stop: _drip(conn, stop, closing=b"Connection: close\r\n"),
+}
+
+
+@pytest.mark.parametrize("drip", sorted(DRIPS))
+def test_a_dripping_endpoint_hits_the_total_deadline(raw_server, drip):
+    server = raw_server(DRIPS[drip])
     client = sampling.ChatClient(server.url, timeout_s=1.0, max_attempts=2, backoff_s=0.001)
     started = time.monotonic()
     with pytest.raises(sampling.EndpointError) as caught:

@@ -51,6 +51,43 @@ module TopModule (input clk, input reset, input start, output done);
 endmodule
 """
 
+# Majority built from instances, read through hierarchical names inside the design: its own
+# instances (`u_ab.r`), a path from its own module name (`TopModule.u_bc.r`), and an upward name
+# from a submodule to its parent's net (`TopModule.ac`). All stay in the design: it passes.
+MAJORITY_INTERNAL_NAMES = """\
+module and2 (input p, input q, output r);
+  assign r = p & q;
+endmodule
+
+module or3 (output y);
+  assign y = TopModule.u_ab.r | TopModule.ac | TopModule.u_bc.r;
+endmodule
+
+module TopModule (input a, input b, input c, output y);
+  wire ac;
+  and2 u_ab (.p(a), .q(b), .r());
+  and2 u_ac (.p(a), .q(c), .r(ac));
+  and2 u_bc (.p(b), .q(c), .r());
+  or3 u_or (.y(y));
+endmodule
+"""
+
+# Wrong logic (OR for majority) that writes the testbench's mismatch counter through a name
+# that leaves the design (from a final block, which runs before the testbench's, or whenever the
+# counter moves), so the testbench reports 0 mismatches. The official flow passes each.
+_WRONG_HEADER = "module TopModule (input a, input b, input c, output y);\n  assign y = a | b | c;\n"
+REACHES_OUT = {
+    "writes_the_counter": _WRONG_HEADER + "  final tb.wrong = 0;\nendmodule\n",
+    # The name spelled by macros: the compiler, not the text, decides.
+    "writes_the_counter_through_macros": "`define UP(m, n) m.n\n"
+    + _WRONG_HEADER
+    + "  final `UP(tb, wrong) = 0;\nendmodule\n",
+    "forces_the_counter": _WRONG_HEADER + "  final force tb.wrong = 0;\nendmodule\n",
+    # A task of the design that does it whenever the counter moves.
+    "clears_in_a_task": _WRONG_HEADER
+    + "  task clear;\n    tb.wrong = 0;\n  endtask\n  always @(tb.wrong) clear();\nendmodule\n",
+}
+
 _MAJORITY_LOGIC = "  assign y = (a & b) | (a & c) | (b & c);\n"
 _HEADER = "module TopModule (input a, input b, input c, output y);\n"
 

@@ -5,6 +5,7 @@ atomic completion and refusals."""
 import json
 import os
 import pathlib
+import subprocess
 import time
 
 import fsspec
@@ -286,9 +287,73 @@ def test_a_write_error_in_the_writer_thread_reaches_the_caller(tmp_path, monkeyp
         self._handle = Full()
 
     monkeypatch.setattr(st.HashingWriter, "__init__", init)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(errors.UserError) as caught:
         run(tmp_path / "base", tmp_path / "out")
+    # ENOSPC from the writer thread of a part: one line naming the output and its free space.
+    message = str(caught.value)
+    assert message.startswith(
+        f"{tmp_path / 'out'}: disk full while writing the merged checkpoint ("
+    )
+    assert " free); the partial output was removed" in message and "\n" not in message
+    assert caught.value.__suppress_context__
     assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]
+
+
+def _mount_tmpfs(path: pathlib.Path, size: str) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        capture_output=True,
+        check=False,
+    )
+    return proc.returncode == 0
+
+
+def test_a_real_full_disk_in_a_part_is_one_line(tmp_path, capsys):
+    """The output on a 256 KiB tmpfs, the merge 1.6 MB, two workers writing parts (needs root to
+    mount; skipped elsewhere): the write fails for real in a part's writer thread, the merge
+    ends in one line naming the output and the free space it found, and the tmpfs is left
+    empty."""
+    tensors = synthetic_tensors()
+    tensors["model.language_model.layers.0.mlp.down_proj.weight"] = np.ones((400, 1024), BF16)
+    write_base(tmp_path / "base", tensors)
+    small = tmp_path / "small"
+    if not _mount_tmpfs(small, "256k"):
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        with pytest.raises(errors.UserError) as caught:
+            run(tmp_path / "base", small / "out", shard_size=1_000_000, workers=2)
+        message = str(caught.value)
+        assert message.startswith(
+            f"{small / 'out'}: disk full while writing the merged checkpoint ("
+        )
+        # The free space measured before the partial output went: what the user found full.
+        free = message.split("(", 1)[1].split(" free)", 1)[0]
+        assert free.endswith(("bytes", "KiB")), message
+        assert "\n" not in message
+        assert list(small.iterdir()) == []  # the partial output was removed
+        assert capsys.readouterr().err == ""  # no thread printed a traceback
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
+
+
+def test_a_full_staging_disk_of_a_remote_output_names_the_staging_directory(tmp_path, memfs):
+    tensors = synthetic_tensors()
+    tensors["model.language_model.layers.0.mlp.down_proj.weight"] = np.ones((400, 1024), BF16)
+    write_base(tmp_path / "base", tensors)
+    small = tmp_path / "small"
+    if not _mount_tmpfs(small, "256k"):
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        with pytest.raises(errors.UserError) as caught:
+            run(tmp_path / "base", "memory://out", staging_dir=str(small), shard_size=1_000_000)
+        message = str(caught.value)
+        assert message.startswith(f"{small}: disk full while staging the merge (")
+        assert "\n" not in message
+        assert list(small.iterdir()) == []
+        assert st.INDEX_FILE not in storage.list_files("memory://out")
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
 
 
 def test_parallel_threads_write_the_same_bytes_as_one_job_at_a_time(tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.server
 import json
 import threading
+import time
 from typing import Any, ClassVar
 
 import pytest
@@ -89,6 +90,50 @@ def test_a_server_without_token_ids_is_one_clear_error(completions_server, answe
     handler.answers = [answer]
     with pytest.raises(parity.ParityError, match=message):
         parity.served_greedy(url, "m", [[2, 9]], 2)
+
+
+class _Drip(http.server.BaseHTTPRequestHandler):
+    """A 200 with a valid header, then its body one byte every 0.2 s: every read ends well
+    within any per-read timeout, the whole answer takes 10 s."""
+
+    stop = threading.Event()
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        body = json.dumps({"choices": [{"token_ids": [5] * 10}]}).ljust(50).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        for byte in body:
+            if self.stop.wait(0.2):
+                return
+            self.wfile.write(bytes([byte]))
+            self.wfile.flush()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_dripping_server_hits_the_total_deadline():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Drip)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        started = time.monotonic()
+        with pytest.raises(parity.ParityError) as caught:
+            parity.served_greedy(url, "m", [[2, 9]], 10, timeout_s=1.0)
+        elapsed = time.monotonic() - started
+    finally:
+        _Drip.stop.set()
+        server.shutdown()
+        server.server_close()
+    assert elapsed < 1.0 + 1.0, elapsed  # the deadline, not the 10 s of drip
+    assert str(caught.value) == (
+        f"POST {url}/v1/completions: no complete answer within 1 s (each request's total deadline)"
+    )
 
 
 def test_a_mismatch_names_the_prompt_and_both_continuations():

@@ -41,7 +41,24 @@ in the sandbox, in a directory holding nothing but the design), and the sample i
 when that preprocessed text, what the compiler will parse, calls a file-writing or file-reading
 system task or prints the testbench's verdict string, or when the design includes any file
 (`include, however the macros spell it: iverilog's -Minclude list must be empty); `include
-in the official code (compiled, never run) is refused too. Empty code is `X`. Samples run in
+in the official code (compiled, never run) is refused too. Empty code is `X`.
+
+A design must not reach into the testbench: it could write the testbench's mismatch counter
+(`tb.wrong = 0;`, `tb.stats1.errors = 0;` in verilog-eval's testbenches) or anything else the
+verdict depends on, and pass while wrong. So once the sample compiled with the testbench (and no
+analyzer rule failed it), the design is elaborated again alone, in the sandbox, with TopModule
+as the only root (`iverilog -g2012 -t null -s TopModule sample.sv`): iverilog binds every
+hierarchical name there, however macros spelled it (`tb.x`, `$root.tb.x`, upward names such as
+`stim1.x` or `top_module1.x`, `force`/`release`/`assign` on them, events, task calls, `$deposit`
+arguments), and a name that leaves the design's own module tree cannot bind when the testbench
+is absent. A design that elaborates with the testbench but not alone, or whose `defparam` finds
+its scope only with the testbench, is refused (`H`, with the name it reached for); names inside
+the design (`u_sub.q`, `TopModule.u_sub.q`) bind alone and pass. The official flow has no such
+check and passes such a design: the one place, besides the tagged verdict line, where our
+verdict differs from the official one for a design that compiles (tests/evaluation/
+test_parity.py names it). What elaboration cannot see is not covered: a design that drives its
+own input ports (iverilog coerces them to inout) acts on the testbench's nets through the
+ports it was given, as in the official flow. Samples run in
 parallel on a thread pool of os.cpu_count() workers (the threads only wait on child processes).
 
 Long on purpose: it reproduces verilog-eval's official judging (its iverilog commands, the
@@ -83,6 +100,13 @@ _FORBIDDEN_RE = re.compile(
     r"dumpflush|dumplimit|dumpon|dumpoff|dumpports\w*|system|sdf_annotate|value\$plusargs|"
     r"test\$plusargs)\b|`include\b|Mismatches"
 )
+# The module the testbench instantiates: the one root of the design alone (spec-to-rtl's name).
+DESIGN_TOP = "TopModule"
+_ALONE_FLAGS = ("-g2012", "-Wno-timescale", "-t", "null", "-s", DESIGN_TOP)
+# Names iverilog quotes in its messages: ``tb.wrong'', `tb.wrong', <tb.ev>.
+_QUOTED_NAME_RE = re.compile(r"(?:``|`|<)([^\s`'<>]+)(?:''|'|>)")
+# iverilog's warning for a defparam whose scope does not exist (elaboration still succeeds).
+_DANGLING_DEFPARAM_RE = re.compile(r"warning: Scope of (\S+) not found\.")
 _LOG_TAIL_CHARS = 2000
 _DISK_CHECK_S = 0.2
 # Scratch files of the preprocessing check, removed before the testbench joins the sample.
@@ -117,6 +141,7 @@ STATUS_MEANINGS: dict[str, str] = {
     "O": "output over the cap",
     "A": "simulation aborted",
     "F": "forbidden construct",
+    "H": "reaches outside the design",
     "X": "no code in the answer",
     "E": "request failed",
 }
@@ -127,7 +152,7 @@ STATUS_GROUPS: dict[str, tuple[str, ...]] = {
     "timed out": ("T",),
     "mismatched": ("R",),
     "aborted": ("A",),
-    "refused by the sandbox": ("F", "O"),
+    "refused by the sandbox": ("F", "H", "O"),
     "no code in the answer": ("X",),
     "request failed": ("E",),
 }
@@ -525,6 +550,43 @@ def _read_capped(path: str, cap: int) -> str:
         return handle.read(cap).decode("utf-8", errors="replace")
 
 
+def _outside_the_design(workdir: str, limits: Limits, full_log: str) -> tuple[str, str, str] | None:
+    """Elaborates sample.sv alone (DESIGN_TOP the only root) in the sandbox, after it compiled
+    with the testbench with full_log, to learn whether the design reaches outside itself.
+
+    Returns:
+        (status, reason, log) when it does (H: it needs the testbench to elaborate, or a defparam
+        of it lands there; T or O when this elaboration itself runs away), else None.
+    """
+    ran = _run(["iverilog", *_ALONE_FLAGS, "sample.sv"], workdir, limits)
+    if ran.timed_out or ran.overflowed:
+        status = "T" if ran.timed_out else "O"
+        return status, f"elaborating the design alone: {STATUS_MEANINGS[status]}", ran.text
+    # A defparam whose scope is missing only without the testbench sets one of the testbench's.
+    dangling = [
+        name
+        for name in _DANGLING_DEFPARAM_RE.findall(ran.text)
+        if name not in _DANGLING_DEFPARAM_RE.findall(full_log)
+    ]
+    if ran.returncode == 0 and not dangling:
+        return None
+    return "H", _outside_reason(ran.text, dangling), ran.text
+
+
+def _outside_reason(alone_log: str, dangling: Sequence[str]) -> str:
+    """One line naming what the design reached for: the first hierarchical name iverilog could
+    not bind alone, else the defparam's target, else the first error line."""
+    errors_alone = [ln.strip() for ln in alone_log.splitlines() if "error" in ln.lower()]
+    for line in errors_alone:
+        for name in _QUOTED_NAME_RE.findall(line):
+            if "." in name:
+                return f"refused: hierarchical reference out of the design: {name[:200]}"
+    if dangling:
+        return f"refused: defparam out of the design: {dangling[0][:200]}"
+    first = (errors_alone or ["no error message"])[0][:200]
+    return f"refused: the design does not elaborate without the testbench: {first}"
+
+
 def _simulate(
     code: str,
     test_path: str,
@@ -584,6 +646,11 @@ def _simulate(
             return done("O", "compiler output over the cap", log)
         compile_ok = compiled.returncode == 0 and os.path.exists(os.path.join(workdir, "sim"))
         exit_status: int | None = None
+        if compile_ok and compile_status(log, compile_ok=True) is None:
+            # Only a design that would run: one that fails to compile keeps its official letter.
+            outside = _outside_the_design(workdir, limits, log)
+            if outside is not None:
+                return done(outside[0], outside[1], log + outside[2])
         if compile_ok:
             simulated = _run(["vvp", "-n", "sim"], workdir, limits)
             log += simulated.text

@@ -126,7 +126,7 @@ class ChatClient:
         for attempt in range(1, self.max_attempts + 1):
             retry_after: float | None = None
             try:
-                status, retry_header, payload = _http_call(
+                status, retry_header, payload = http_call(
                     method, url, data, headers, self.timeout_s
                 )
                 if 200 <= status < 300:
@@ -225,13 +225,18 @@ def check_endpoint(url: str) -> str:
     return url
 
 
-def _http_call(
+def http_call(
     method: str, url: str, body: bytes | None, headers: dict[str, str], timeout_s: float
 ) -> tuple[int, str | None, bytes]:
-    """One HTTP exchange that ends within timeout_s, whatever the server does.
+    """One HTTP exchange that ends within timeout_s, whatever the server does (the one deadline
+    mechanism for the project's calls to a served model: eval's requests, serve's parity check).
 
     A socket timeout only bounds each read: a server that sends a byte a second would hold the
     request forever. A timer shuts the socket down at the deadline, which ends any blocked read.
+
+    Args:
+        method, url, body, headers: the request (url http or https).
+        timeout_s: the total deadline, from connecting to the answer's last byte.
 
     Returns:
         (status, Retry-After header, body up to MAX_BODY_BYTES).
@@ -246,19 +251,27 @@ def _http_call(
     )
     connection = connection_type(parts.hostname or "", parts.port, timeout=timeout_s)
     expired = threading.Event()
+    # The connection's socket, held here: when the answer closes the connection (HTTP/1.0, or
+    # `Connection: close`), getresponse() hands the socket to the response and sets
+    # connection.sock to None, and the timer must still reach it.
+    held: list[socket.socket] = []
 
     def expire() -> None:
         expired.set()
-        sock = connection.sock
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+        for sock in (connection.sock, *held):
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
 
     timer = threading.Timer(timeout_s, expire)
     timer.daemon = True
     timer.start()
     try:
         target = parts.path + (f"?{parts.query}" if parts.query else "")
+        connection.connect()
+        held.append(connection.sock)
+        if expired.is_set():  # connected just as the deadline passed
+            raise TimeoutError
         connection.request(method, target or "/", body=body, headers=headers)
         if expired.is_set():
             raise TimeoutError

@@ -43,6 +43,7 @@ from workloads.merge import blas, mapping, parts, shard_worker
 from workloads.merge import safetensors_io as st
 from workloads.merge.parts import ShardPart, ShardPlan
 from workloads.merge.shard_worker import BLOCK_BYTES
+from workloads.train import guards
 
 SHARD_NAME = "model-{:05d}-of-{:05d}.safetensors"
 METADATA_FILE = "merge_metadata.json"
@@ -528,6 +529,44 @@ class StreamStats:
     cpu_seconds: float = 0.0
 
 
+def _named_path(exc: BaseException) -> str | None:
+    """The file named by the first OSError in `exc`'s chain that names one (a write of the shard
+    writer names none)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.filename is not None:
+            return os.fsdecode(current.filename)
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _disk_full_error(
+    exc: BaseException, sink: _LocalSink | _RemoteSink, staging: pathlib.Path | None
+) -> errors.UserError:
+    """The one line for a full disk during the merge (ENOSPC or EDQUOT in a part, a copy or a
+    download), naming the directory that filled and its free space, as training does."""
+    named = _named_path(exc)
+    in_staging = staging is not None and (
+        isinstance(sink, _RemoteSink)
+        or (named is not None and pathlib.Path(named).is_relative_to(staging))
+    )
+    if in_staging and staging is not None:
+        # staging is this merge's own temporary directory: name where it was made.
+        return errors.UserError(
+            f"{staging.parent}: disk full while staging the merge "
+            f"({guards.free_space_text(str(staging))}); the staged files were removed; free "
+            "space there or stage on a larger disk (staging_dir, default $TMPDIR)"
+        )
+    assert isinstance(sink, _LocalSink)  # a remote sink writes only into staging
+    return errors.UserError(
+        f"{sink.out}: disk full while writing the merged checkpoint "
+        f"({guards.free_space_text(str(sink.dir))}); the partial output was removed and "
+        f"{sink.out} left as it was; free space or choose another output directory"
+    )
+
+
 def _cpu_seconds() -> float:
     """CPU time of this process, all its threads (the jobs') together."""
     own = resource.getrusage(resource.RUSAGE_SELF)
@@ -644,10 +683,14 @@ def stream_merge(
                 "weight_map": {t.name: p.name for p in plans for t in p.tensors},
             }
             sink.commit(json.dumps(index, indent=2, sort_keys=True))
-        except BaseException:
+        except BaseException as exc:
             if runner is not None:
                 runner.kill()  # no worker may write into what abort removes
+            # Measured before abort frees the partial output, which is what filled the disk.
+            full = _disk_full_error(exc, sink, staging) if guards.is_disk_full(exc) else None
             sink.abort()
+            if full is not None:
+                raise full from None
             raise
         seconds = time.monotonic() - started
     cpu = _cpu_seconds() - cpu

@@ -12,15 +12,15 @@ alone changes greedy decodes of a random model: serve with `--dtype float32`).
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import json
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from workloads import errors
+from workloads.evaluation import sampling
 
 # Prompts of Verilog-ish text, tokenized by the model's own tokenizer; short, so a CPU decodes
 # them in seconds.
@@ -31,6 +31,8 @@ PROMPTS = (
     "The output is 1 when at least two inputs are 1.",
 )
 NEW_TOKENS = 8
+# Total deadline of one request to the server: a CPU engine decodes NEW_TOKENS in seconds.
+SERVED_TIMEOUT_S = 120.0
 
 
 class ParityError(errors.UserError):
@@ -127,14 +129,26 @@ def served_greedy(
     prompts: Sequence[Sequence[int]],
     new_tokens: int = NEW_TOKENS,
     *,
-    timeout_s: float = 120.0,
+    timeout_s: float = SERVED_TIMEOUT_S,
 ) -> list[list[int]]:
     """Greedy continuations from an OpenAI-compatible vLLM server: /v1/completions with the
     prompt as token ids, temperature 0, EOS ignored (so every answer has `new_tokens` tokens) and
     vLLM's `return_token_ids` (the ids themselves, no detokenize/retokenize round trip).
 
+    Args:
+        base_url: the server, without /v1.
+        model_name: the served model's name.
+        prompts: prompt token ids.
+        new_tokens: tokens to generate per prompt.
+        timeout_s: total deadline of each request, from connecting to the answer's last byte
+            (eval's deadline: a server that drips its answer cannot stretch it).
+
+    Returns:
+        The generated token ids of each prompt.
+
     Raises:
-        ParityError: the server refused a request or its answer has no token ids.
+        ParityError: the server refused a request, missed its deadline, or its answer has no
+            token ids.
     """
     out = []
     for prompt in prompts:
@@ -158,17 +172,27 @@ def served_greedy(
 
 
 def _post(url: str, body: dict[str, Any], timeout_s: float) -> Any:
-    request = urllib.request.Request(  # noqa: S310 - the caller's own server URL
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
-            return json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        detail = exc.read()[:300].decode(errors="replace")
-        raise ParityError(f"POST {url} -> {exc.code}: {detail}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise ParityError(f"POST {url}: {exc}") from None
+        status, _, payload = sampling.http_call(
+            "POST",
+            url,
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json", "Accept": "application/json"},
+            timeout_s,
+        )
+    except TimeoutError:
+        raise ParityError(
+            f"POST {url}: no complete answer within {timeout_s:g} s (each request's total deadline)"
+        ) from None
+    except (OSError, http.client.HTTPException) as exc:  # refused, reset, over the body cap
+        raise ParityError(f"POST {url}: {' '.join(str(exc).split())[:300]}") from None
+    if not 200 <= status < 300:
+        detail = payload[:300].decode(errors="replace")
+        raise ParityError(f"POST {url} -> {status}: {detail}")
+    try:
+        return json.loads(payload)
+    except ValueError:
+        raise ParityError(f"POST {url} -> {status}: not JSON: {payload[:100]!r}") from None
 
 
 def check(
@@ -179,12 +203,13 @@ def check(
     model_name: str,
     *,
     new_tokens: int = NEW_TOKENS,
+    timeout_s: float = SERVED_TIMEOUT_S,
 ) -> ParityResult:
     """Both models' greedy continuations of PROMPTS (tokenized by the merged model's tokenizer,
-    which the server uses too)."""
+    which the server uses too); timeout_s is each server request's total deadline."""
     prompts = prompt_ids(merged)
     trained = lora_greedy(base, checkpoint, prompts, new_tokens)
-    served = served_greedy(base_url, model_name, prompts, new_tokens)
+    served = served_greedy(base_url, model_name, prompts, new_tokens, timeout_s=timeout_s)
     return ParityResult(
         prompts=tuple(tuple(p) for p in prompts),
         trained=tuple(tuple(t) for t in trained),
