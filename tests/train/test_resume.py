@@ -140,3 +140,106 @@ def test_a_save_that_never_completed_is_removed_with_one_line(reference_run, con
         str(SAVE_EVERY),
         "lora_meta.json",
     ]
+
+
+def test_finite_garbage_in_the_latest_step_resumes_from_the_previous_one_to_the_same_weights(
+    reference_run, config_for, tmp_path
+):
+    """Issue #33: the latest step's LoRA data decode to finite values up to 2.4e37; the run used
+    to take that step (finished: nothing to do, or trained on from it)."""
+    from workloads.merge import lora_restore
+    from workloads.train import trainer
+
+    run = damage.copy_run(reference_run.checkpoint_dir, tmp_path / "run", keep=[SAVE_EVERY, STEPS])
+    item = run / "checkpoints" / str(STEPS) / "model_params"
+    name = damage.garbage_values(item)
+    garbage = lora_restore.read_item(str(item))[name]
+    assert np.isfinite(garbage).all() and np.abs(garbage).max() == damage.GARBAGE  # the case
+    lines: list[str] = []
+    result = trainer.train(config_for(run), log=lines.append)
+    assert result.resumed_from == SAVE_EVERY and result.final_step == STEPS
+    (line,) = [line for line in lines if "damaged" in line]
+    assert line.startswith(f"checkpoint step {STEPS} in {run / 'checkpoints'} is damaged (")
+    assert "model_params/" in line and "checksums.json" in line  # the first file that differs
+    assert line.endswith(f"; falling back to step {SAVE_EVERY}") and "\n" not in line
+    ours = lora_restore.restore_lora_params(str(run / "checkpoints"), STEPS)
+    reference = lora_restore.restore_lora_params(reference_run.checkpoint_dir, STEPS)
+    worst = max(float(np.max(np.abs(ours[k] - reference[k]))) for k in ours)
+    assert worst <= 1e-6, worst
+    # The step trained again carries its own manifest, and it checks out.
+    assert resume_problem(run, STEPS) is None
+
+
+def test_flipped_bytes_of_a_data_file_are_named(reference_run, tmp_path):
+    """64 inverted bytes in the latest step's largest data file: the manifest names the file,
+    whatever the bytes decode to."""
+    from workloads.train import checksums
+
+    run = damage.copy_run(reference_run.checkpoint_dir, tmp_path / "run", keep=[STEPS])
+    step_dir = run / "checkpoints" / str(STEPS)
+    data = damage.flip_bytes(step_dir / "model_params")
+    problem, notice = checksums.check_step(str(step_dir))
+    assert notice is None and problem is not None
+    assert problem.startswith(
+        f"{data.relative_to(step_dir)} does not match checksums.json (crc32c "
+    ), problem
+
+
+def resume_problem(run: pathlib.Path, step: int) -> str | None:
+    from workloads.train import resume
+
+    return resume.step_problem(str(run / "checkpoints"), step)[0]
+
+
+def test_every_file_of_a_saved_step_is_in_its_manifest(reference_run):
+    import json as json_lib
+
+    from workloads.train import checksums
+
+    for step in (SAVE_EVERY, STEPS):
+        step_dir = pathlib.Path(reference_run.checkpoint_dir) / str(step)
+        manifest = json_lib.loads((step_dir / checksums.MANIFEST).read_text())
+        on_disk = {str(p.relative_to(step_dir)) for p in step_dir.rglob("*") if p.is_file()}
+        # Orbax writes (or rewrites) these two when it commits the step, after the manifest.
+        on_disk -= {checksums.MANIFEST, "_CHECKPOINT_METADATA", "commit_success.txt"}
+        assert manifest["step"] == step and manifest["algorithm"] in ("crc32c", "sha256")
+        assert set(manifest["files"]) == on_disk
+        assert any(name.startswith("model_params/d/") for name in on_disk)
+        assert any(name.startswith("optimizer_state/") for name in on_disk)
+        assert checksums.check_step(str(step_dir)) == (None, None)
+
+
+def test_a_step_saved_by_an_earlier_version_is_accepted_with_a_notice(
+    reference_run, config_for, tmp_path
+):
+    """No manifest and no mark in _CHECKPOINT_METADATA: what earlier versions saved."""
+    from workloads.train import checksums, resume
+
+    run = damage.copy_run(reference_run.checkpoint_dir, tmp_path / "run", keep=[SAVE_EVERY, STEPS])
+    step_dir = run / "checkpoints" / str(STEPS)
+    (step_dir / checksums.MANIFEST).unlink()
+    metadata = json.loads((step_dir / "_CHECKPOINT_METADATA").read_text())
+    assert metadata["custom_metadata"].pop(checksums.MARK) == checksums.MANIFEST
+    (step_dir / "_CHECKPOINT_METADATA").write_text(json.dumps(metadata))
+    lines: list[str] = []
+    chosen = resume.choose_step(
+        config_for(run).train, fresh_optimizer_state=False, move_damaged=True, log=lines.append
+    )
+    assert chosen == STEPS
+    assert lines == [
+        f"note: {step_dir} has no checksums.json (saved by an earlier version); its bytes are "
+        "not checked"
+    ]
+
+
+def test_the_fine_tune_merges_within_the_delta_bound_and_verifies(reference_run, tmp_path):
+    """A real (tiny) fine-tune: its checksums check out in the merge (no note), its deltas stay
+    inside the merge's plausibility bound, and verify says OK."""
+    from workloads import merge
+
+    run = pathlib.Path(reference_run.checkpoint_dir).parent
+    base = json.loads((run / "checkpoints" / "lora_meta.json").read_text())["base"]
+    result = merge.merge_lora(base, str(run), str(tmp_path / "merged"), progress=False)
+    assert result.step == STEPS and result.notes == ()
+    report = merge.verify_merged(str(tmp_path / "merged"), base=base)
+    assert report.ok, report.problems

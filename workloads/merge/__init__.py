@@ -149,6 +149,30 @@ def _check_base_config(base: str, meta: adapter_meta.AdapterMeta) -> None:
             )
 
 
+def _check_step_bytes(checkpoint: str, step: int, notes: list[str]) -> None:
+    """The step's files must match the checksums it was saved with (workloads.train.checksums):
+    a flipped byte can decode to finite garbage that no later check of the factors sees. A step
+    saved by an earlier version (no manifest) is merged with a note.
+
+    Raises:
+        errors.UserError: a file is missing or differs from its checksum, named in one line.
+    """
+    from workloads.train import checksums
+
+    step_dir = runconfig.join(checkpoint, str(step))
+    # The merge reads the LoRA factors only: a step without optimizer state is merged as it is.
+    absent = (
+        () if storage.exists(runconfig.join(step_dir, "optimizer_state")) else ("optimizer_state",)
+    )
+    problem, notice = checksums.check_step(step_dir, absent=absent)
+    if problem is not None:
+        raise errors.UserError(
+            f"{step_dir}: damaged ({problem}); refusing to merge it (merge an earlier --step)"
+        )
+    if notice is not None:
+        notes.append(notice.removeprefix("note: "))
+
+
 def merge_lora(
     base: str,
     checkpoint: str,
@@ -185,7 +209,8 @@ def merge_lora(
     Raises:
         errors.UserError: bad input, named in one line (missing metadata or step, rank differing
             from the metadata, a target without base tensor, a shape mismatch, non-empty output,
-            NaN/Inf in the LoRA factors or in a merged tensor).
+            a checkpoint file that differs from its checksum, NaN/Inf in the LoRA factors or in
+            a merged tensor, a delta far beyond its base tensor's scale).
     """
     from workloads.merge import lora_restore, mapping, stream
     from workloads.merge import safetensors_io as st
@@ -205,6 +230,7 @@ def merge_lora(
     step = lora_restore.resolve_step(checkpoint, step)
     layout = st.read_layout(base)
     notes: list[str] = []
+    _check_step_bytes(checkpoint, step, notes)
     params = lora_restore.restore_lora_params(checkpoint, step)
     bad, first = lora_restore.non_finite(params)
     if bad:

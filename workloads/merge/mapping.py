@@ -20,6 +20,7 @@ The scale alpha / rank is folded into `left`; both factors are row-major float32
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Callable, Iterable, Mapping
 
@@ -143,6 +144,21 @@ class Delta:
 
     def full(self) -> np.ndarray:
         return self.rows(0, self.shape[0])
+
+    @functools.cached_property
+    def _row_bounds(self) -> np.ndarray:
+        """Per row i: |left_i| * max_j |right[:, j]| (Euclidean norms, float64 so that garbage
+        factors do not overflow), by Cauchy-Schwarz at least max_j |delta[i, j]|."""
+        left = self.left.astype(np.float64)
+        right = self.right.astype(np.float64)
+        columns = float(np.sqrt((right * right).sum(axis=0)).max()) if right.size else 0.0
+        return np.sqrt((left * left).sum(axis=1)) * columns
+
+    def magnitude_bound(self, start: int, stop: int) -> float:
+        """An upper bound of max |delta| over rows [start, stop), from the factors alone (no
+        product): what the merge compares with the merged values it already has."""
+        rows = self._row_bounds[start:stop]
+        return float(rows.max()) if rows.size else 0.0
 
 
 # One rule per tunix module: (A, B) float32 -> [(HF suffix under layers.<i>., left, right)].

@@ -28,6 +28,16 @@ from workloads.merge import mapping
 from workloads.merge import safetensors_io as st
 from workloads.merge.parts import Piece, ShardPart
 
+# The largest LoRA delta the merge accepts, in multiples of the largest |value| of the base rows
+# it is added to. A fine-tune's delta is small next to the weights: for rank r, alpha a and
+# Adam's steps of about lr per element, |delta| ~ a * |A| * |B| stays around 1e-3..1e-1 of a
+# pretrained projection's largest value (aggressive runs come near 1); measured here, the
+# training tests' tiny fine-tune (lr 5e-3, 8 steps) reaches 0.078 of its base rows' largest
+# value and the merge tests' randomised adapters, larger on purpose, 0.41.
+# A delta 100 times the largest base weight would overwrite the model rather than tune it;
+# what gets there is damage (bit flips decoding to 1e30+, issue #33), refused whatever its
+# source, with two orders of magnitude of margin for any real run.
+DELTA_SCALE_LIMIT = 100.0
 BLOCK_BYTES = 16 * 1024 * 1024  # float32 rows of a target processed at once (at least 512 rows)
 COPY_CHUNK = 16 * 1024 * 1024  # raw bytes of a copied tensor moved at once
 
@@ -101,6 +111,49 @@ def overflow_limit(dtype: np.dtype) -> np.float32:
     return np.float32(np.inf)
 
 
+def check_scale(
+    info: st.TensorInfo,
+    delta: mapping.Delta,
+    source: st.Source,
+    merged: np.ndarray,
+    start: int,
+    merged_max: float,
+    workspace: Workspace,
+) -> None:
+    """Refuses a block whose delta exceeds DELTA_SCALE_LIMIT times its base rows' largest value.
+
+    From what the loop has: `merged_max` = max |base + delta| over the block (its non-finite
+    check's min and max) and a bound D of max |delta| from the factors (Delta.magnitude_bound).
+    Since max |base| >= merged_max - D, D * (K + 1) <= K * merged_max proves max |delta| <= K *
+    max |base|: a real fine-tune's block ends here, at no cost. Otherwise (D overestimates, or
+    the delta is huge) the base rows are read again and the delta measured exactly.
+
+    Raises:
+        errors.UserError: the delta exceeds the limit, naming the tensor, the rows and values.
+    """
+    n = merged.shape[0]
+    bound = delta.magnitude_bound(start, start + n)
+    if bound * (DELTA_SCALE_LIMIT + 1) <= DELTA_SCALE_LIMIT * merged_max:
+        return
+    dtype = st.float_dtype(info.dtype)
+    assert dtype is not None  # stream.check_targets refused anything else
+    cols = info.shape[1]
+    raw = workspace.get("scale_raw", n * cols * info.itemsize)
+    source.readinto(info, start * cols * info.itemsize, memoryview(raw))
+    base = workspace.get("scale_base", n * cols * 4).view(np.float32).reshape(n, cols)
+    np.copyto(base, raw.view(dtype).reshape(n, cols), casting="unsafe")
+    base_max = float(np.max(np.abs(base))) if base.size else 0.0
+    np.subtract(merged, base, out=base)
+    delta_max = float(np.max(np.abs(base))) if base.size else 0.0
+    if delta_max > DELTA_SCALE_LIMIT * base_max:
+        raise errors.UserError(
+            f"{info.name}: the LoRA delta of {delta.source} reaches {delta_max:.3g} in rows "
+            f"{start}-{start + n - 1}, where the base's largest value is {base_max:.3g} (a "
+            f"fine-tune's delta stays below {DELTA_SCALE_LIMIT:g} times it); damaged adapters? "
+            "nothing written"
+        )
+
+
 def merged_blocks(
     info: st.TensorInfo,
     delta: mapping.Delta,
@@ -117,8 +170,9 @@ def merged_blocks(
 
     Per block: the base widened to float32 (exact), the delta's product accumulated into it by
     the BLAS (mapping.Delta.add_rows_to: no separate add pass), one min and one max over the sum
-    (the non-finite check) and the cast back, written straight into the writer's buffer. A
-    float32 tensor is read straight into that buffer and summed there.
+    (the non-finite check, and the scale check from the same two values: check_scale) and the
+    cast back, written straight into the writer's buffer. A float32 tensor is read straight
+    into that buffer and summed there.
     """
     dtype = st.float_dtype(info.dtype)
     assert dtype is not None  # stream.check_targets refused anything else
@@ -144,11 +198,13 @@ def merged_blocks(
         # A delta that overflows the tensor's dtype (or a base that holds NaN) would ship a
         # model that answers garbage: refuse it here, before the output can look complete.
         # min/max propagate NaN, and Inf or a value that rounds to Inf is outside the limit.
-        if block.size and not (block.max() < limit and block.min() > -limit):
+        high, low = (block.max(), block.min()) if block.size else (0.0, 0.0)
+        if block.size and not (high < limit and low > -limit):
             raise errors.UserError(
                 f"{info.name}: the merged values of rows {start}-{start + n - 1} are not finite "
                 f"(NaN/Inf) after adding the LoRA delta of {delta.source}; nothing written"
             )
+        check_scale(info, delta, source, block, start, max(float(high), -float(low)), workspace)
         if dtype != np.float32:
             np.copyto(out.view(dtype).reshape(n, cols), block, casting="unsafe")
         writer.submit(out)

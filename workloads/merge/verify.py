@@ -4,7 +4,8 @@
 merge_metadata.json, every shard has the recorded checksum and size, no floating tensor holds NaN
 or Inf, the tensors are the base's
 (same names, dtypes, shapes), every tensor that is not a LoRA target is byte-identical to the
-base and every target differs from it. `compare_logits` is the numerical proof on a small model:
+base, every target differs from it, and by less than 100 times the base tensor's largest value
+(shard_worker.DELTA_SCALE_LIMIT). `compare_logits` is the numerical proof on a small model:
 the merged checkpoint, loaded by Tunix without LoRA, against the LoRA model restored from the
 training checkpoint through tunix's own restore path.
 """
@@ -154,6 +155,39 @@ def _check_finite(layout: st.Layout, problems: list[str], staging_dir: str | Non
         )
 
 
+class _DeltaScale:
+    """max |base| and max |merged - base| of a LoRA target, chunk by chunk (the merge's own
+    plausibility bound, shard_worker.DELTA_SCALE_LIMIT, over the whole tensor): garbage
+    adapters give finite merged weights that every other check here passes."""
+
+    def __init__(self, dtype: np.dtype | None):
+        self.dtype = dtype
+        self.base_max = self.delta_max = 0.0
+
+    def add(self, base: memoryview, merged: memoryview) -> None:
+        if self.dtype is None or not len(base):
+            return
+        b = np.frombuffer(base, self.dtype).astype(np.float32)
+        m = np.frombuffer(merged, self.dtype).astype(np.float32)
+        self.base_max = max(self.base_max, float(np.max(np.abs(b))))
+        np.subtract(m, b, out=m)
+        self.delta_max = max(self.delta_max, float(np.nanmax(np.abs(m))))
+
+    def too_large(self) -> bool:
+        from workloads.merge import shard_worker
+
+        return self.delta_max > shard_worker.DELTA_SCALE_LIMIT * self.base_max
+
+    def problem(self, name: str) -> str:
+        from workloads.merge import shard_worker
+
+        return (
+            f"{name}: differs from the base by up to {self.delta_max:.3g}, where the base's "
+            f"largest value is {self.base_max:.3g} (a fine-tune's delta stays below "
+            f"{shard_worker.DELTA_SCALE_LIMIT:g} times it); this model must not be served"
+        )
+
+
 def _compare_with_base(
     base: st.Layout,
     merged: st.Layout,
@@ -183,14 +217,17 @@ def _compare_with_base(
                         f"{b.dtype}{list(b.shape)} in the base"
                     )
                 else:
-                    same = all(
-                        np.array_equal(np.frombuffer(x, np.uint8), np.frombuffer(y, np.uint8))
-                        for x, y in zip(
-                            base_src.chunks(b, buffers[0]),
-                            out_src.chunks(m, buffers[1]),
-                            strict=True,
+                    scale = _DeltaScale(st.float_dtype(b.dtype) if name in targets else None)
+                    same = True
+                    for x, y in zip(
+                        base_src.chunks(b, buffers[0]), out_src.chunks(m, buffers[1]), strict=True
+                    ):
+                        same &= np.array_equal(
+                            np.frombuffer(x, np.uint8), np.frombuffer(y, np.uint8)
                         )
-                    )
+                        scale.add(x, y)
+                    if scale.too_large():
+                        problems.append(scale.problem(name))
                     if name in targets:
                         changed += not same
                     elif same:

@@ -7,6 +7,7 @@ keeping `train.keep_checkpoints`; a restarted run resumes from the latest one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from workloads import adapter_meta, errors, runconfig, storage
@@ -54,8 +55,11 @@ def check_checkpoint_dir(cfg: runconfig.RunConfig) -> bool:
     return False
 
 
-def options(train: runconfig.TrainSection) -> Any:
+def options(train: runconfig.TrainSection, on_finalized: Callable[[], None] | None = None) -> Any:
     """Every `save_every` steps (and when JAX reports a preemption), keeping `keep_checkpoints`.
+
+    `on_finalized` runs on the primary process once a step's files are all written, before the
+    step is committed (workloads.train.checksums writes the step's manifest there).
 
     The policy is spelled out because Orbax's default for `save_interval_steps` also saves the
     first step of a fresh run, which would take one of the kept slots for an untrained adapter.
@@ -66,6 +70,9 @@ def options(train: runconfig.TrainSection) -> Any:
 
     policies = ocp.checkpoint_managers
     return ocp.CheckpointManagerOptions(
+        async_options=(
+            ocp.AsyncOptions(post_finalization_callback=on_finalized) if on_finalized else None
+        ),
         save_interval_steps=train.save_every,
         max_to_keep=train.keep_checkpoints,
         save_decision_policy=policies.AnySavePolicy(

@@ -3,9 +3,11 @@
 Before PeftTrainer restores the latest step, every step from the newest down is read onto the
 host the way the merge reads it (workloads.merge.lora_restore.read_item) and checked: Orbax's
 step metadata is there, both items (`model_params`, `optimizer_state`) read back and hold no
-NaN or Inf. A damaged step (truncated or missing file, missing metadata or manifest, values
-that are not finite) is moved aside to `<output_dir>/damaged_checkpoints/` (kept for a look,
-never deleted) with one line, and the next older one is tried. Reading a checkpoint twice costs
+NaN or Inf, and every file matches the step's checksum manifest (workloads.train.checksums). A
+damaged step (truncated or missing file, missing metadata or manifest, values that are not
+finite, bytes that differ from their checksum) is moved aside to
+`<output_dir>/damaged_checkpoints/` (kept for a look, never deleted) with one line, and the next
+older one is tried. Reading a checkpoint twice costs
 little next to a run: the LoRA factors and their AdamW moments, not the base model.
 
 A step without `optimizer_state/` is intact weights with the AdamW moments and step count gone:
@@ -21,7 +23,7 @@ from collections.abc import Callable
 
 from workloads import errors, runconfig, storage
 from workloads.merge import lora_restore
-from workloads.train import checkpoints
+from workloads.train import checkpoints, checksums
 
 MODEL_ITEM = "model_params"
 OPTIMIZER_ITEM = "optimizer_state"
@@ -47,8 +49,15 @@ def remove_partial_saves(checkpoint_dir: str) -> list[str]:
     return removed
 
 
-def step_problem(checkpoint_dir: str, step: int) -> tuple[str | None, bool]:
-    """(what is wrong with checkpoint `step`, None when intact; whether it has optimizer state)."""
+def step_problem(
+    checkpoint_dir: str, step: int, log: Callable[[str], None] | None = None
+) -> tuple[str | None, bool]:
+    """(what is wrong with checkpoint `step`, None when intact; whether it has optimizer state).
+
+    Last, its files are checked against its checksum manifest (workloads.train.checksums): a
+    flipped byte can decode to finite values that the checks above pass. A step saved by an
+    earlier version, with no manifest, passes with a notice to `log`.
+    """
     step_dir = runconfig.join(checkpoint_dir, str(step))
     if not storage.exists(runconfig.join(step_dir, STEP_METADATA)):
         return f"no {STEP_METADATA}", False
@@ -68,7 +77,12 @@ def step_problem(checkpoint_dir: str, step: int) -> tuple[str | None, bool]:
         bad, first = lora_restore.non_finite(arrays)
         if bad:
             return f"{item} holds {bad:,} NaN/Inf values (first in {first})", has_optimizer
-    return None, has_optimizer
+    problem, notice = checksums.check_step(
+        step_dir, absent=() if has_optimizer else (OPTIMIZER_ITEM,)
+    )
+    if notice is not None and log is not None:
+        log(notice)
+    return problem, has_optimizer
 
 
 def _move_aside(output_dir: str, checkpoint_dir: str, step: int) -> str:
@@ -109,7 +123,7 @@ def choose_step(
     steps = checkpoints.saved_steps(checkpoint_dir)
     damaged: list[str] = []
     for step in reversed(steps):
-        problem, has_optimizer = step_problem(checkpoint_dir, step)
+        problem, has_optimizer = step_problem(checkpoint_dir, step, log)
         if problem is None:
             if not has_optimizer:
                 _no_optimizer(checkpoint_dir, step, fresh_optimizer_state, log)

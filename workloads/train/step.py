@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import flax.struct
 
 from workloads import runconfig
-from workloads.train import checkpoints, packed_attention, vocab_loss
+from workloads.train import checkpoints, checksums, packed_attention, vocab_loss
 
 if TYPE_CHECKING:
     import jax
@@ -145,7 +145,8 @@ def make_optimizer(
 
 class SaveHook:
     """PeftTrainer's checkpoint manager with a hook called with (step, force) before every save
-    attempt (the trainer records its run segment there); everything else goes to the manager."""
+    attempt (the trainer records its run segment there); everything else goes to the manager.
+    Every step saved is marked as carrying a checksum manifest (workloads.train.checksums)."""
 
     def __init__(self, manager: Any):
         self.manager = manager
@@ -154,6 +155,7 @@ class SaveHook:
     def save(self, step: int, *args: Any, **kwargs: Any) -> Any:
         if self.before_save is not None:
             self.before_save(step, bool(kwargs.get("force", False)))
+        kwargs["custom_metadata"] = checksums.mark(kwargs.get("custom_metadata"))
         return self.manager.save(step, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -277,14 +279,21 @@ def make_trainer(
         checkpoint_dir: where checkpoints go and the latest one is restored from; None: no
             checkpointing (the compile check).
     """
+    import jax
     from tunix.sft import peft_trainer
 
+    # Each saved step's checksums, written as Orbax finalizes it (workloads.train.checksums).
+    on_finalized = (
+        checksums.ManifestWriter(checkpoint_dir, primary=jax.process_index() == 0)
+        if checkpoint_dir is not None
+        else None
+    )
     training_config = peft_trainer.TrainingConfig(
         eval_every_n_steps=sys.maxsize,
         max_steps=None,  # the data stream ends the run; PeftTrainer's tqdm bar stays off
         gradient_accumulation_steps=train_cfg.grad_accum if train_cfg.grad_accum > 1 else None,
         checkpoint_root_directory=checkpoint_dir,
-        checkpointing_options=checkpoints.options(train_cfg),
+        checkpointing_options=checkpoints.options(train_cfg, on_finalized),
         data_sharding_axis=DATA_AXES,
         pbar_description=None,
     )
