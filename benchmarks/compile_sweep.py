@@ -29,7 +29,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 from infra.config import model as config
 from infra.config import stack_config
 from infra.ops import compile_check
-from workloads import catalog
+from workloads.contract import catalog
 
 # (accelerator, fsdp, tp, micro-batch, remat, attention): tunix's dense-mask attention at the
 # settings chosen before the kernel existed, then the splash kernel over the remat policies,

@@ -1,11 +1,11 @@
 """Merge throughput against `cp` of the same files, and peak memory against a naive merge.
 
-Builds a synthetic bf16 checkpoint with the REAL Gemma 4 31B layer shapes (workloads.catalog):
-one global layer (k_eq_v, 4 KV heads of 512) and as many sliding-window layers (16 KV heads of
-256) as the size asks for, plus a vision-tower-like set of non-target tensors, written as several
-safetensors shards; and random rank-64 LoRA factors on every target of those layers in an Orbax
-checkpoint laid out exactly as tunix's CheckpointManager writes it. Then, for each worker count
-asked for (and each repeat):
+Builds a synthetic bf16 checkpoint with the REAL Gemma 4 31B layer shapes
+(workloads.contract.catalog): one global layer (k_eq_v, 4 KV heads of 512) and as many
+sliding-window layers (16 KV heads of 256) as the size asks for, plus a vision-tower-like set of
+non-target tensors, written as several safetensors shards; and random rank-64 LoRA factors on every
+target of those layers in an Orbax checkpoint laid out exactly as tunix's CheckpointManager writes
+it. Then, for each worker count asked for (and each repeat):
 
 - cp: `cp` of the base's safetensors files to the same scratch directory, then fsync of every copy
   (the merge fsyncs its shards: both numbers are bytes on stable storage), timed right before
@@ -70,7 +70,7 @@ def cpu_seconds() -> float:
 
 
 def layer_shapes(spec, layer: int, glob: bool) -> dict[str, tuple[int, ...]]:
-    """HF tensors of one decoder layer of the real model (workloads.catalog, HF layout)."""
+    """HF tensors of one decoder layer of the real model (workloads.contract.catalog, HF layout)."""
     h = spec.global_head_dim if glob else spec.head_dim
     k = spec.num_global_kv_heads if glob else spec.num_kv_heads
     d, f, n = spec.embed_dim, spec.mlp_dim, spec.num_heads
@@ -140,7 +140,8 @@ def build(workdir: pathlib.Path, size_gb: float, rank: int, base_shard_gb: float
     import orbax.checkpoint as ocp
     import safetensors.numpy
 
-    from workloads import adapter_meta, catalog, runconfig, tiny_model
+    from workloads.contract import catalog, runconfig
+    from workloads.model import adapter_meta, tiny_model
 
     spec = catalog.model("gemma-4-31b")
     rng = np.random.default_rng(0)
@@ -262,8 +263,8 @@ def worker_naive(base: str, run: str, out: str) -> dict:
     import numpy as np
     import safetensors.numpy
 
-    from workloads import adapter_meta
     from workloads.merge import lora_restore, mapping
+    from workloads.model import adapter_meta
 
     _import_common()
     idle = peak_rss()
@@ -309,7 +310,7 @@ def _profile_width(scratch: pathlib.Path, rank: int, cols: int, repeats: int) ->
     import ml_dtypes
     import numpy as np
 
-    from workloads import digest
+    from workloads.common import digest
     from workloads.merge import blas, mapping
     from workloads.merge import safetensors_io as st
     from workloads.merge.shard_worker import overflow_limit

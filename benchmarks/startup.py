@@ -12,7 +12,7 @@ Measured on this machine (each in its own process where JAX is involved):
 - staging: `cp` of a 1 GiB file from the boot disk to /dev/shm (the RAM-backed staging dir);
 - loading: a synthetic bf16 checkpoint (real Gemma 4 layer structure, reduced sizes) onto N
   CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=N): tunix's loader against
-  workloads.parallel_load with one worker and with its default pool;
+  workloads.model.parallel_load with one worker and with its default pool;
 - compile beside loading: the tiny 6-layer model's training step on 4 CPU devices, compiled
   after loading (serial) and in the background while loading (workloads.train.compile_ahead),
   each into a fresh persistent cache;
@@ -179,7 +179,7 @@ def measure_data(scratch: pathlib.Path, rows: int = 10_000) -> dict:
     """Preparing synthetic rows with the tiny tokenizer, then reading the result back."""
     from transformers import AutoTokenizer
 
-    from workloads import runconfig
+    from workloads.contract import runconfig
     from workloads.data import prepared_cache, synthetic
     from workloads.data import tokenizer as tiny_tokenizer
 
@@ -281,14 +281,14 @@ def measure_staging(scratch: pathlib.Path) -> dict:
 
 _LOAD_WORKER = r"""
 import json, sys, time
-from workloads import model as model_lib, parallel_load
+from workloads.model import gemma4, parallel_load
 import jax
 mode, path = sys.argv[1], sys.argv[2]
-mesh = model_lib.make_mesh(jax.device_count() // 2, 2)  # tp=2 divides every head count
+mesh = gemma4.make_mesh(jax.device_count() // 2, 2)  # tp=2 divides every head count
 def load():
     if mode == "tunix":
         with mesh:
-            return model_lib.load_model(path, mesh=mesh, dtype="bfloat16")
+            return gemma4.load_model(path, mesh=mesh, dtype="bfloat16")
     return parallel_load.load_model(path, mesh=mesh, dtype="bfloat16",
                                     workers=1 if mode == "serial" else None)
 jax.block_until_ready(jax.tree.leaves(load()))  # JAX's one-time start-up, files page-cached
@@ -310,7 +310,7 @@ def write_checkpoint(directory: pathlib.Path, target_mb: int) -> int:
     import ml_dtypes
     import numpy as np
 
-    from workloads import tiny_model
+    from workloads.model import tiny_model
 
     layers = 6
     cfg = tiny_model.hf_config(32768, layers, "bfloat16", {"bos": 2, "eos": 1, "pad": 0})
@@ -351,7 +351,8 @@ def measure_loading(scratch: pathlib.Path, devices: int, target_mb: int) -> dict
 
 _COMPILE_WORKER = r"""
 import json, pathlib, sys, time
-from workloads import model as model_lib, parallel_load, runconfig, tiny_model
+from workloads.model import gemma4, parallel_load, tiny_model
+from workloads.contract import runconfig
 from workloads.train import compile_ahead, lora as lora_lib, trainer
 import jax
 mode, work = sys.argv[1], pathlib.Path(sys.argv[2])
@@ -364,9 +365,9 @@ cfg = runconfig.parse({
               "max_steps": 10, "mesh": {"fsdp": 2, "tp": 2}, "remat": True,
               "compile_cache_dir": str(work / "cache")},
 })
-model_lib.set_compilation_cache(cfg.train.compile_cache_dir)
-hf = model_lib.read_hf_config(str(model_dir))
-mesh = model_lib.make_mesh(2, 2)
+gemma4.set_compilation_cache(cfg.train.compile_cache_dir)
+hf = gemma4.read_hf_config(str(model_dir))
+mesh = gemma4.make_mesh(2, 2)
 def compile_step():
     compile_ahead.lower_step(cfg, hf, mesh, 10, kernel=False).compile()
 started = time.monotonic()

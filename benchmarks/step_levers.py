@@ -47,7 +47,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from infra.config import stack_config
 from infra.ops import compile_check, hlo_collectives
-from workloads import catalog
+from workloads.contract import catalog
 
 ROOT = compile_check.ROOT
 

@@ -31,7 +31,8 @@ from infra.config import model as config_mod
 from infra.config import runconfig_render, stack_config, validation
 from infra.config.labels import base_labels, tpu_scope
 from infra.ops import compile_check, release_record
-from workloads import catalog, errors, runconfig
+from workloads.common import errors
+from workloads.contract import catalog, runconfig
 
 COST_BASIS = "on-demand list price per hour (the paper's rates); spot/preemptible is billed less"
 

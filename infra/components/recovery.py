@@ -27,7 +27,7 @@ import pulumi_gcp as gcp
 from infra.components import secret as secret_mod
 from infra.components import service_account as sa_mod
 from infra.vm import source_archive, startup, templating
-from workloads import catalog
+from workloads.contract import catalog
 
 # What creating, replacing and deleting a TPU node (directly or through a queued resource) and
 # reading its operations needs; nothing else of Cloud TPU.

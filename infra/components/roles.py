@@ -30,7 +30,7 @@ class VmRole:
     role, `python -m infra.ops --vm <name>`, the `<name>WorkerIps` style outputs."""
     noun: str
     """What the slice does, in descriptions ("a gemma4-tpu <noun> slice")."""
-    section: Callable[[config_mod.StackConfig], config_mod.SliceSection]
+    section: Callable[[config_mod.StackConfig], config_mod.SliceStackSection]
     """The stack-config section that sizes and places it (accelerator, zones, provisioning)."""
     node_name: Callable[[config_mod.StackConfig], str]
     declared: Callable[[config_mod.StackConfig, bool], bool]

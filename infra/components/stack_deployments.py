@@ -14,7 +14,7 @@ from infra.components import roles
 from infra.components.workloads import WorkloadsDeployment, declare
 from infra.remote import ssh
 from infra.resources import ssh_access
-from workloads import runconfig
+from workloads.contract import runconfig
 
 if TYPE_CHECKING:  # the config model is only needed for the type; no import cycle at runtime
     from infra.config import model as config

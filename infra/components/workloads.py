@@ -15,7 +15,7 @@ from infra.resources import ssh_access, ssh_deployment
 from infra.resources.deployment_record import VmInfo
 from infra.vm.units import Role, plan_units
 from infra.vm.workloads_wheel import Wheel, build_wheel
-from workloads import runconfig
+from workloads.contract import runconfig
 
 
 @dataclasses.dataclass

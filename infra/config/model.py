@@ -1,6 +1,6 @@
 """The stack configuration: one typed, frozen model read from the `gemma4-tpu:*` stack config keys.
 
-Each section is the workloads' own settings model (workloads/settings.py: the same fields,
+Each section is the workloads' own settings model (workloads/contract/settings.py: the same fields,
 defaults and constraints the VM's run config has) plus what only the cloud side needs (zones,
 provisioning, enabled flags). Keys are camelCase, as Pulumi writes them (`pulumi config set
 --path training.maxSteps 30`); that is the only difference. Unknown keys are errors.
@@ -19,7 +19,7 @@ import pydantic
 from pydantic.alias_generators import to_camel
 
 from infra.errors import InfraError
-from workloads import catalog, settings
+from workloads.contract import catalog, settings
 
 PROJECT = "gemma4-tpu"
 """The Pulumi project name, also the config namespace (`gemma4-tpu:training`)."""
@@ -59,7 +59,7 @@ def _field(default: Any = ..., *, description: str, **kwargs: Any) -> Any:
     return pydantic.Field(default, description=description, **kwargs)
 
 
-class SshSection(_Section):
+class SshStackSection(_Section):
     """Who may SSH into the TPU VMs, as whom, with which key."""
 
     user: str = _field(
@@ -87,7 +87,7 @@ class SshSection(_Section):
     )
 
 
-class StorageSection(_Section):
+class StorageStackSection(_Section):
     """The GCS buckets: one per region that runs a TPU VM (a TPU must read an in-region bucket)."""
 
     location: str | None = _field(
@@ -131,11 +131,11 @@ class StorageSection(_Section):
     )
 
 
-class ModelSection(_Section):
+class ModelStackSection(_Section):
     """The base model."""
 
     name: str = _field(
-        "gemma-4-31b", description="Catalog name of the model (workloads/catalog.py)."
+        "gemma-4-31b", description="Catalog name of the model (workloads/contract/catalog.py)."
     )
     hf_id: str | None = _field(None, description="Hugging Face repository; null = the catalog's.")
     download_from_hub: bool = _field(
@@ -150,7 +150,7 @@ class ModelSection(_Section):
     )
 
 
-class DataSection(_Section, settings.DataSettings):
+class DataStackSection(_Section, settings.DataSettings):
     """The training data (CodeV-R1 style JSONL: `prompt`, `response`)."""
 
     dataset: str | None = _field(
@@ -158,15 +158,15 @@ class DataSection(_Section, settings.DataSettings):
     )
 
 
-class LoraSection(_Section, settings.LoraSettings):
+class LoraStackSection(_Section, settings.LoraSettings):
     """The LoRA adapters."""
 
 
-class MeshSection(_Section, settings.MeshSettings):
+class MeshStackSection(_Section, settings.MeshSettings):
     """The training device mesh."""
 
 
-class QueueSection(_Section):
+class QueueStackSection(_Section):
     """How a queued resource (`provisioning: queued`) asks for its capacity."""
 
     capacity: QueuedCapacity = _field(
@@ -184,7 +184,7 @@ class QueueSection(_Section):
     )
 
 
-class SliceSection(_Section):
+class SliceStackSection(_Section):
     """What both TPU VMs share: where the slice runs and how its capacity is obtained."""
 
     accelerator: str = _field(description="TPU type of the slice.")
@@ -203,8 +203,8 @@ class SliceSection(_Section):
         description="spot, preemptible or on-demand capacity, or queued (a queued resource that "
         "waits for capacity; see queue).",
     )
-    queue: QueueSection = _field(
-        default_factory=QueueSection, description="The queued request (provisioning: queued)."
+    queue: QueueStackSection = _field(
+        default_factory=QueueStackSection, description="The queued request (provisioning: queued)."
     )
 
     @property
@@ -213,7 +213,7 @@ class SliceSection(_Section):
         return tuple(dict.fromkeys((self.zone, *self.zone_fallbacks)))
 
 
-class TrainingSection(SliceSection, settings.TrainSettings):
+class TrainingStackSection(SliceStackSection, settings.TrainingSettings):
     """The training TPU VM and the optimisation run."""
 
     accelerator: str = _field("v5p-8", description="TPU type of the training slice.")
@@ -221,7 +221,7 @@ class TrainingSection(SliceSection, settings.TrainSettings):
         "us-central1-a", description="Zone of the training slice; its region holds the bucket."
     )
     node_name: str | None = _field(None, description="TPU node name; null = `<namePrefix>-train`.")
-    mesh: MeshSection = _field(default_factory=MeshSection, description="Device mesh.")
+    mesh: MeshStackSection = _field(default_factory=MeshStackSection, description="Device mesh.")
     release_when_done: bool = _field(
         False,
         description="Delete the training TPU once training and the merge succeeded (the VM does "
@@ -237,25 +237,25 @@ class TrainingSection(SliceSection, settings.TrainSettings):
     )
 
 
-class MergeSection(_Section, settings.MergeSettings):
+class MergeStackSection(_Section, settings.MergeSettings):
     """The LoRA merge (runs on the training VM after training)."""
 
     enabled: bool = _field(True, description="Merge the adapters into HF safetensors shards.")
 
 
-class EvalSection(_Section, settings.EvalSettings):
+class EvalStackSection(_Section, settings.EvalSettings):
     """verilog-eval pass@k against the served model (serving VM)."""
 
     enabled: bool = _field(True, description="Run the evaluation once serving is up.")
 
 
-class BenchSection(_Section, settings.BenchSettings):
+class BenchStackSection(_Section, settings.BenchSettings):
     """The `vllm bench serve` sweep (serving VM)."""
 
     enabled: bool = _field(True, description="Run the benchmark sweep once serving is up.")
 
 
-class ServingSection(SliceSection, settings.ServeSettings):
+class ServingStackSection(SliceStackSection, settings.ServingSettings):
     """The optional serving TPU VM (vLLM on v6e)."""
 
     enabled: bool = _field(False, description="Create the serving VM and serve the merged model.")
@@ -292,11 +292,13 @@ class ServingSection(SliceSection, settings.ServeSettings):
         le=10_000,
         description="/dev/shm the host needs besides weights (GB): compile cache.",
     )
-    eval: EvalSection = _field(default_factory=EvalSection, description="Evaluation.")
-    bench: BenchSection = _field(default_factory=BenchSection, description="Benchmark sweep.")
+    eval: EvalStackSection = _field(default_factory=EvalStackSection, description="Evaluation.")
+    bench: BenchStackSection = _field(
+        default_factory=BenchStackSection, description="Benchmark sweep."
+    )
 
 
-class RecoverySection(_Section):
+class RecoveryStackSection(_Section):
     """The recovery controller: an always-on small VM that recreates a preempted training TPU
     with the project's own `infra.ops recover --watch`, so no laptop has to stay awake."""
 
@@ -338,16 +340,22 @@ class StackConfig(_Section):
     enable_apis: bool = _field(
         True, description="Enable the TPU, Compute, Storage, IAM and Secret Manager APIs."
     )
-    ssh: SshSection = _field(default_factory=SshSection, description="SSH access.")
-    storage: StorageSection = _field(default_factory=StorageSection, description="GCS buckets.")
-    model: ModelSection = _field(default_factory=ModelSection, description="Base model.")
-    data: DataSection = _field(default_factory=DataSection, description="Training data.")
-    lora: LoraSection = _field(default_factory=LoraSection, description="LoRA adapters.")
-    training: TrainingSection = _field(default_factory=TrainingSection, description="Training.")
-    merge: MergeSection = _field(default_factory=MergeSection, description="LoRA merge.")
-    serving: ServingSection = _field(default_factory=ServingSection, description="Serving VM.")
-    recovery: RecoverySection = _field(
-        default_factory=RecoverySection, description="Recovery controller."
+    ssh: SshStackSection = _field(default_factory=SshStackSection, description="SSH access.")
+    storage: StorageStackSection = _field(
+        default_factory=StorageStackSection, description="GCS buckets."
+    )
+    model: ModelStackSection = _field(default_factory=ModelStackSection, description="Base model.")
+    data: DataStackSection = _field(default_factory=DataStackSection, description="Training data.")
+    lora: LoraStackSection = _field(default_factory=LoraStackSection, description="LoRA adapters.")
+    training: TrainingStackSection = _field(
+        default_factory=TrainingStackSection, description="Training."
+    )
+    merge: MergeStackSection = _field(default_factory=MergeStackSection, description="LoRA merge.")
+    serving: ServingStackSection = _field(
+        default_factory=ServingStackSection, description="Serving VM."
+    )
+    recovery: RecoveryStackSection = _field(
+        default_factory=RecoveryStackSection, description="Recovery controller."
     )
 
     # Derived names and places (pure; validation checks that they are valid for GCP).

@@ -1,4 +1,4 @@
-"""StackConfig -> workloads.runconfig.RunConfig: where every artefact lives in the buckets.
+"""StackConfig -> workloads.contract.runconfig.RunConfig: where every artefact lives in the buckets.
 
 Bucket layout (one bucket per VM region; see StackConfig.training_bucket_name):
     models/<model>/                 base model (HF layout), staged to /dev/shm on the VMs
@@ -15,8 +15,9 @@ Bucket layout (one bucket per VM region; see StackConfig.training_bucket_name):
 from __future__ import annotations
 
 from infra.config import model as config_mod
-from workloads import release, runconfig, settings
-from workloads.settings import values_of
+from workloads.cli import give_back
+from workloads.contract import runconfig, settings
+from workloads.contract.settings import values_of
 
 VERILOG_EVAL_DIR = "/opt/verilog-eval"
 VERILOG_EVAL_PROBLEMS = f"{VERILOG_EVAL_DIR}/dataset_spec-to-rtl"
@@ -52,7 +53,7 @@ def merged_uri(cfg: config_mod.StackConfig) -> str:
 
 def release_marker_uri(cfg: config_mod.StackConfig) -> str:
     """Written by `workloads release` when the training VM gave itself back (see program.py)."""
-    return runconfig.join(run_dir_uri(cfg), release.MARKER_FILE)
+    return runconfig.join(run_dir_uri(cfg), give_back.MARKER_FILE)
 
 
 def train_compile_cache_uri(cfg: config_mod.StackConfig) -> str:
@@ -67,7 +68,7 @@ def render_run_config(cfg: config_mod.StackConfig) -> runconfig.RunConfig:
     """The run config the VMs read from /etc/gemma4/run.yaml.
 
     Raises:
-        workloads.errors.UserError: the result does not pass the run-config schema.
+        workloads.common.errors.UserError: the result does not pass the run-config schema.
     """
     # The user's settings pass through as they are (a projection onto the shared settings
     # models); what is added here is where things live.
@@ -84,7 +85,7 @@ def render_run_config(cfg: config_mod.StackConfig) -> runconfig.RunConfig:
         },
         "lora": values_of(cfg.lora, settings.LoraSettings),
         "train": {
-            **values_of(cfg.training, settings.TrainSettings),
+            **values_of(cfg.training, settings.TrainingSettings),
             "output_dir": run_dir_uri(cfg),
             "accelerator": cfg.training.accelerator,
             "compile_cache_dir": train_compile_cache_uri(cfg),
@@ -109,7 +110,7 @@ def render_run_config(cfg: config_mod.StackConfig) -> runconfig.RunConfig:
     s = cfg.serving
     if s.enabled:
         data["serve"] = {
-            **values_of(s, settings.ServeSettings),
+            **values_of(s, settings.ServingSettings),
             "model_dir": merged_uri(cfg),
             "accelerator": s.accelerator,
             "compile_cache_gcs": serve_compile_cache_uri(cfg),

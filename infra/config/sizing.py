@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable
 
 from infra.config import model as config_mod
-from workloads import catalog, settings
+from workloads.contract import catalog, settings
 from workloads.train import vocab_loss
 
 StackConfig = config_mod.StackConfig

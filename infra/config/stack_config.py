@@ -26,7 +26,7 @@ from infra.config.model import (
     ConfigError,
     StackConfig,
 )
-from workloads import settings
+from workloads.contract import settings
 
 # The checkout this program runs from: the stack files, pyproject.toml and the sources the VMs get.
 ROOT = pathlib.Path(__file__).resolve().parents[2]

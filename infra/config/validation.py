@@ -1,6 +1,6 @@
 """The rules a stack config must pass before any resource is declared (each from a catalog fact).
 
-Every rule reads the catalog (workloads/catalog.py) and returns problem lines of the form
+Every rule reads the catalog (workloads/contract/catalog.py) and returns problem lines of the form
 `key: bad value: what is allowed`; `check` runs them all so that the user sees every problem at
 once. The memory estimates the rules compare against the catalog are in infra/config/sizing.py.
 
@@ -21,7 +21,7 @@ from infra.config.sizing import (
     training_hbm_bytes,
     training_shm_bytes,
 )
-from workloads import catalog, runconfig
+from workloads.contract import catalog, runconfig
 
 StackConfig = config_mod.StackConfig
 Rule = Callable[[StackConfig], list[str]]
@@ -365,7 +365,7 @@ def cross_region_fallbacks(cfg: StackConfig) -> list[str]:
     """Warnings, not errors: a fallback zone outside the bucket's region works, but a VM placed
     there reads its data across regions (slower, and the transfer is billed)."""
     warnings = []
-    sections: list[tuple[str, config_mod.SliceSection, str]] = [
+    sections: list[tuple[str, config_mod.SliceStackSection, str]] = [
         ("training", cfg.training, cfg.training_bucket_location)
     ]
     if cfg.serving.enabled:
@@ -755,7 +755,7 @@ def rule_serving_requests(cfg: StackConfig) -> list[str]:
             f"serving.eval.maxTokens: {eval_section.max_tokens}: leaves no room for the prompt "
             f"in serving.maxModelLen {serving.max_model_len}"
         )
-    shapes = runconfig.BenchSection.model_fields["shapes"].default
+    shapes = runconfig.BenchRunSection.model_fields["shapes"].default
     longest = max(i + o for i, o in shapes)
     if serving.bench.enabled and longest > serving.max_model_len:
         problems.append(

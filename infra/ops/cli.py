@@ -34,7 +34,7 @@ from infra.ops.stack_outputs import (
 from infra.remote import ssh
 from infra.tpu import api as tpu_api
 from infra.vm import units
-from workloads import cli_options, errors, stages
+from workloads.common import cli_options, errors, stage_records
 
 ROLES = units.ROLES
 
@@ -134,15 +134,15 @@ def unit_states(conn: fabric.Connection, info: VmInfo) -> list[dict[str, str]]:
 
 
 def stage_lines(conn: fabric.Connection, info: VmInfo, created: float | None) -> list[str]:
-    """The worker's stages of its latest boot (workloads.stages, the file the startup script,
-    the uploads and the trainer append to), one line each. create-to-boot (the node's creation
-    to its kernel's start) is shown for the node's first boot only: the file lives on the
+    """The worker's stages of its latest boot (workloads.common.stage_records, the file the startup
+    script, the uploads and the trainer append to), one line each. create-to-boot (the node's
+    creation to its kernel's start) is shown for the node's first boot only: the file lives on the
     node's disk, so a single boot id in it means this boot is the first since creation."""
     path = remote.RemoteLayout(info.remote_root).stages_file
     script = 'if [ -e "$0" ]; then cat "$0"; fi'
     text = remote.run(conn, "stages", _sudo(["sh", "-c", script, path], info)).stdout
-    records = stages.parse(text)
-    rows = stages.summarise(records)
+    records = stage_records.parse(text)
+    rows = stage_records.summarise(records)
     if not rows:
         return [f"no stages recorded yet ({path})"]
     lines = []
@@ -150,7 +150,7 @@ def stage_lines(conn: fabric.Connection, info: VmInfo, created: float | None) ->
     first_boot = len({r.get("boot") for r in records}) == 1
     if created is not None and boot is not None and first_boot and boot["start"] >= created:
         lines.append(f"create-to-boot  {boot['start'] - created:.1f} s (Cloud TPU API createTime)")
-    return lines + stages.format_rows(rows)
+    return lines + stage_records.format_rows(rows)
 
 
 def _worker_status(
@@ -173,7 +173,7 @@ def last_metrics(info: VmInfo, conn: fabric.Connection | None) -> str:
     path = info.run_dir.rstrip("/") + "/metrics.jsonl"
     try:
         if "://" in path:
-            from workloads import errors, storage
+            from workloads.common import errors, storage
 
             try:
                 text = storage.read_text(path)
@@ -203,7 +203,7 @@ def status_record(
 ) -> dict[str, Any]:
     """What `status` reports about one VM, as data (what `status --json` prints): the TPU
     state, each worker's units and its latest boot's stages (boot to first step:
-    workloads.stages), or why it is unreachable, and the training's last step."""
+    workloads.common.stage_records), or why it is unreachable, and the training's last step."""
     state, created = tpu_state_and_creation(info, tpu_client_factory)
     record: dict[str, Any] = {
         "role": info.role,
@@ -469,7 +469,7 @@ def main(
     exec_fn: Callable[[list[str]], int] | None = None,
 ) -> int:
     """Runs one operator command; a problem is one line on stderr. Exit statuses:
-    workloads.cli_options (2: the input, 4: Google Cloud refused a request)."""
+    workloads.common.cli_options (2: the input, 4: Google Cloud refused a request)."""
     args = build_parser().parse_args(argv)
     out = out or sys.stdout
     try:

@@ -43,7 +43,7 @@ from typing import Any
 
 from infra.config import model as config_mod
 from infra.config import runconfig_render
-from workloads import catalog, runconfig
+from workloads.contract import catalog, runconfig
 from workloads.train import packed_attention
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -93,7 +93,7 @@ def uncounted_loss_flops(settings: dict[str, Any], chips: int) -> float:
 
 # Sources whose change changes the compiled step (their hash is part of the cache key).
 STEP_SOURCES = (
-    "workloads/model.py",
+    "workloads/model/gemma4.py",
     "workloads/train/lora.py",
     "workloads/train/step.py",
     "workloads/train/checkpoints.py",
@@ -395,7 +395,7 @@ def compile_depth(cfg: config_mod.StackConfig) -> CompileFn:
     """A function that compiles the stack's step at a given depth (imports JAX lazily)."""
 
     def run(layers: int) -> DepthResult:
-        from workloads import tiny_model
+        from workloads.model import tiny_model
         from workloads.train import compile_step
 
         run_cfg = _compile_run_config(cfg)

@@ -3,7 +3,7 @@
 For each VM in the stack's `deployments` output, the Cloud TPU API says whether the node exists,
 its state, its accelerator type, its provisioning model and when it was created. Cloud TPU bills
 a node while it is READY; the hourly rate is the catalog's on-demand price of the slice
-(workloads/catalog.py, the table the cost report uses). The catalog holds no spot or
+(workloads/contract/catalog.py, the table the cost report uses). The catalog holds no spot or
 preemptible prices, so for those nodes the figure is an upper bound and says so. "So far" is
 the rate times the hours since the node was created: it counts the time the node spent
 CREATING (not billed) and forgets earlier nodes of the same run that a recovery replaced, so
@@ -25,7 +25,7 @@ from typing import Any, TextIO
 
 from infra.resources.deployment_record import VmInfo
 from infra.tpu import api as tpu_api
-from workloads import catalog
+from workloads.contract import catalog
 
 BILLED_STATES = frozenset({"READY"})
 

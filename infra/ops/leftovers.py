@@ -121,7 +121,7 @@ class Unreadable:
     error: BaseException
 
     def line(self) -> str:
-        from workloads.errors import exception_line
+        from workloads.common.errors import exception_line
 
         return (
             f"not in the stack's state: unknown in {self.zone} "
@@ -213,7 +213,7 @@ def report_lines(
     try:
         client = tpu_api.new_client(client_factory)
     except Exception as exc:
-        from workloads.errors import exception_line
+        from workloads.common.errors import exception_line
 
         return [f"not in the stack's state: unknown (cannot list TPUs: {exception_line(exc)})"], []
     leftovers, unreadable = scan(client, scope, known_nodes(infos), now)

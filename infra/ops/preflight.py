@@ -28,7 +28,8 @@ from typing import Any, Protocol
 from infra.config import model as config_mod
 from infra.config import stack_config, validation
 from infra.ops import compile_check, stack_client
-from workloads import catalog, cli_options
+from workloads.common import cli_options
+from workloads.contract import catalog
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 _DOCUMENTATION_RANGES = tuple(
@@ -267,7 +268,7 @@ def _depths(text: str) -> tuple[int, ...]:
 
 def _compile_check(stack: str, cfg: config_mod.StackConfig, depths: tuple[int, ...] | None) -> int:
     """Exit status: 0 = the step fits, 1 = it does not (one line naming the keys), 2 = error."""
-    from workloads import errors
+    from workloads.common import errors
 
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the TPU exists only as a topology here
     try:

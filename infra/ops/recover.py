@@ -31,7 +31,7 @@ from infra.ops.stack_client import StackClient, StackClientError
 from infra.ops.stack_outputs import OpsError, load_outputs, vm_info
 from infra.resources import tpu_node
 from infra.tpu import api as tpu_api
-from workloads import errors
+from workloads.common import errors
 
 HELP = "recreate a preempted spot/preemptible TPU VM (pulumi up --replace); the job resumes"
 TPU_NODE_TYPE = tpu_node.TYPE
@@ -228,7 +228,7 @@ def run_finished(target: Target) -> str | None:
     """The train_summary.json path when the training run has finished, else None."""
     if target.role != "train" or not target.run_dir:
         return None
-    from workloads import storage  # lazy: gcsfs only when the run dir is on GCS
+    from workloads.common import storage  # lazy: gcsfs only when the run dir is on GCS
     from workloads.train import metrics
 
     path = f"{target.run_dir.rstrip('/')}/{metrics.SUMMARY_FILE}"
@@ -241,7 +241,7 @@ def source_changed(uri: str, local: str) -> Callable[[], str | None]:
     The whole archive is read (a few hundred kB, from the bucket in the controller's region):
     simpler than trusting a hash the two filesystems may not both offer.
     """
-    from workloads import storage  # lazy: gcsfs only on the controller
+    from workloads.common import storage  # lazy: gcsfs only on the controller
 
     # The installed copy does not change while the watch runs (the service installs at start).
     try:

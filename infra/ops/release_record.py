@@ -13,7 +13,7 @@ from typing import Any
 
 from infra.config import model as config_mod
 from infra.config import runconfig_render
-from workloads import storage
+from workloads.common import storage
 
 
 def read(cfg: config_mod.StackConfig) -> dict[str, Any] | None:

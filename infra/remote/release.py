@@ -68,7 +68,7 @@ if [ "$deps" = 1 ]; then pip_install "$release/${wheel##*/}"; fi
 
 # Run by the release's interpreter: the package it imports must be the release's own.
 _IMPORTS = """import os, sys
-import workloads, workloads.cli, workloads.runconfig
+import workloads, workloads.cli, workloads.contract.runconfig
 home = os.path.realpath(sys.prefix) + os.sep
 where = os.path.realpath(workloads.__file__)
 if not where.startswith(home):
@@ -76,7 +76,7 @@ if not where.startswith(home):
 """
 # verify also reads the run config (0600, root's on the VMs: the check before a deploy, run as
 # the login user, stops at the imports).
-_IMPORT_CHECK = _IMPORTS + "workloads.runconfig.load(sys.argv[1])\n"
+_IMPORT_CHECK = _IMPORTS + "workloads.contract.runconfig.load(sys.argv[1])\n"
 
 _VERIFY = r"""set -eu
 release=$1 fingerprint=$2 check=$3

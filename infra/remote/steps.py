@@ -31,7 +31,7 @@ from infra.remote.bundle import Bundle, sha256_text
 from infra.remote.errors import RemoteError
 from infra.remote.transport import CONNECTION_ERRORS, chain, drop, host_name, run
 from infra.vm.layout import RemoteLayout
-from workloads import logs
+from workloads.common import logs
 
 LOG = logs.get("deploy")
 

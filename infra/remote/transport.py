@@ -19,7 +19,7 @@ import paramiko
 from infra.remote import ssh
 from infra.remote.errors import ReadyTimeout, RemoteError
 from infra.vm.layout import RemoteLayout
-from workloads import logs
+from workloads.common import logs
 
 LOG = logs.get("deploy")
 

@@ -25,11 +25,11 @@ import paramiko
 import pydantic
 
 from infra.config import stack_config, validation
-from infra.config.model import ConfigError, SshSection
+from infra.config.model import ConfigError, SshStackSection
 from infra.errors import InfraError
 from infra.remote import ssh
 from infra.resources import dynamic_values
-from workloads import logs
+from workloads.common import logs
 
 LOG = logs.get("ssh")
 
@@ -136,17 +136,17 @@ def _stack_name(access: SshAccess, project_dir: pathlib.Path) -> str | None:
     return None
 
 
-def _ssh_section(project_dir: pathlib.Path, stack: str, user: str) -> SshSection:
+def _ssh_section(project_dir: pathlib.Path, stack: str, user: str) -> SshStackSection:
     """ssh.* of this machine's Pulumi.<stack>.yaml; the defaults when the file sets none (the
     program would use them too), with the state's user when there is no stack file here."""
     path = project_dir / stack_config.stack_file(stack)
     if not path.is_file():
-        return SshSection(user=user)
+        return SshStackSection(user=user)
     try:
         raw = stack_config.read_stack_file(path).get("ssh") or {}
         if not isinstance(raw, dict):
             raise SshAccessError(f"{path}: ssh: {raw!r}: a mapping of ssh.* keys")
-        section = SshSection.model_validate(raw)
+        section = SshStackSection.model_validate(raw)
     except ConfigError as exc:
         raise SshAccessError("; ".join(exc.problems)) from None
     except pydantic.ValidationError as exc:
@@ -177,7 +177,7 @@ def settings_here(access: SshAccess, project_dir: pathlib.Path | None = None) ->
             "using the default ssh settings (run `pulumi up` once to record the stack)",
             project_dir,
         )
-        section = SshSection(user=access.user)
+        section = SshStackSection(user=access.user)
     else:
         section = _ssh_section(project_dir, stack, access.user)
     key_path = None

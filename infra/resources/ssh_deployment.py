@@ -27,10 +27,10 @@ from infra.remote import ssh
 from infra.remote.ssh import SshSettings  # the field `ssh` below shadows the module in the class
 from infra.resources import dynamic_values, ssh_access
 from infra.resources.previous_types import renamed_from
-from workloads import logs
+from workloads.common import logs
 
 # This runs in Pulumi's provider process: what it says reaches `pulumi up` through stderr
-# (workloads.logs explains how).
+# (workloads.common.logs explains how).
 LOG = logs.get("deploy")
 
 UNKNOWN = dynamic_values.UNKNOWN  # Pulumi's placeholder, during preview, for a value not known yet

@@ -7,7 +7,8 @@ This resource takes an ordered zone list and, optionally, a queue: create places
 the first zone with capacity (waiting in line per zone when queued) and records the zone; a
 later `pulumi up` keeps it there as long as the zone is still listed; description, labels,
 metadata and tags change in place, anything else replaces the node (deleted first: the name is
-fixed). Progress lines (`tpu: <node>: ...`) go through workloads.logs, which `pulumi up` shows.
+fixed). Progress lines (`tpu: <node>: ...`) go through workloads.common.logs, which `pulumi up`
+shows.
 
 The provider runs in Pulumi's provider process with the user's Application Default
 Credentials (as pulumi-gcp does); Pulumi stores it with dill, by reference to this module.
@@ -28,7 +29,7 @@ from infra.resources import dynamic_values
 from infra.tpu import api as tpu_api
 from infra.tpu import placement as tpu_placement
 from infra.vm import source_archive
-from workloads import logs
+from workloads.common import logs
 
 
 class TpuNodeInputs(dynamic_values.ProviderState):

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from infra.errors import CloudRefused, OpsError
-from workloads.errors import exception_line
+from workloads.common.errors import exception_line
 
 T = TypeVar("T")
 

@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from infra.errors import InfraError
-from workloads.errors import exception_line
-from workloads.logs import Say
+from workloads.common.errors import exception_line
+from workloads.common.logs import Say
 
 # Words of a refusal that means "not in this zone, now" when the exception's type cannot tell
 # (a fake, or a message wrapped by another layer): stockout and quota.

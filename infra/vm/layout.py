@@ -97,8 +97,8 @@ class RemoteLayout:
 
     @property
     def stages_file(self) -> str:
-        """Stage records of every boot (workloads/stages.py): the startup script's, the uploads'
-        after ready and the trainer's, one JSON line each."""
+        """Stage records of every boot (workloads/common/stage_records.py): the startup script's,
+        the uploads' after ready and the trainer's, one JSON line each."""
         return posixpath.join(self.state_dir, "stages.jsonl")
 
     @property

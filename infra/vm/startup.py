@@ -18,7 +18,8 @@ from infra.config import model as config_mod
 from infra.config import runconfig_render, sizing
 from infra.vm import templating
 from infra.vm.layout import WORKER
-from workloads import catalog, runconfig, stages
+from workloads.common import stage_records
+from workloads.contract import catalog, runconfig
 
 PYTHON = "python3.11"
 # The worker paths the deploy steps use too (one definition, in infra/vm/layout.py).
@@ -159,7 +160,7 @@ def lock() -> tuple[str, ...]:
 VERILOG_EVAL_REPO = "https://github.com/NVlabs/verilog-eval.git"
 VERILOG_EVAL_COMMIT = "65c87a832b6cb752c38490b397df372f6ddc1c89"
 
-_SERVE_DEFAULTS = runconfig.ServeSection.model_fields
+_SERVE_DEFAULTS = runconfig.ServingRunSection.model_fields
 
 
 def _requirements_digest(
@@ -217,7 +218,7 @@ def train_context(cfg: config_mod.StackConfig, *, has_hf_secret: bool) -> dict[s
         f"TMPDIR={TMPDIR}",
         f"HF_HOME={HF_HOME}",
         "GEMMA4_ROLE=train",
-        f"{stages.STAGES_ENV}={STAGES_FILE}",
+        f"{stage_records.STAGES_ENV}={STAGES_FILE}",
         f"GEMMA4_RUN_CONFIG={RUN_CONFIG_PATH}",
         f"GEMMA4_VENV={VENV_DIR}",
         f"GEMMA4_HOSTS={acc.hosts}",

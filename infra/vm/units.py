@@ -10,7 +10,7 @@ import jinja2
 
 from infra.vm import templating
 from infra.vm.layout import RemoteLayout
-from workloads import runconfig
+from workloads.contract import runconfig
 
 Role = Literal["train", "serve"]
 ROLES: tuple[Role, ...] = ("train", "serve")

@@ -12,9 +12,10 @@ import yaml
 
 from tests.bench.vllm_results import dumps, vllm_result
 from tests.serve.conftest import write_merged_model
-from workloads import cli, runconfig
+from workloads import cli
 from workloads.bench import command as bench_command
 from workloads.bench import plots, results
+from workloads.contract import runconfig
 from workloads.serve import argv
 
 
@@ -165,7 +166,7 @@ def test_aggregate_only(tmp_path, capsys):
 
 
 def test_the_default_sweep_is_the_papers():
-    points = bench_command.sweep_points(runconfig.BenchSection(results_dir="gs://b/bench"))
+    points = bench_command.sweep_points(runconfig.BenchRunSection(results_dir="gs://b/bench"))
     shapes = [(512, 256), (1024, 512), (4096, 512), (8192, 512), (15360, 512)]
     rates = [1, 2, 4, 8, 16, 32, 64, math.inf]
     assert points == [(i, o, float(r)) for i, o in shapes for r in rates]

@@ -10,8 +10,9 @@ import math
 import pytest
 
 from tests.bench.vllm_results import dumps, vllm_result
-from workloads import catalog, errors
 from workloads.bench import results
+from workloads.common import errors
+from workloads.contract import catalog
 
 
 def _write_raw(root, *results_):

@@ -5,7 +5,7 @@ import pathlib
 
 import pytest
 
-from workloads import catalog
+from workloads.contract import catalog
 
 
 def test_v5p8_megacore_has_four_jax_devices_and_the_papers_rate():

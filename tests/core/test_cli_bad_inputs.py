@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 import yaml
 
-from workloads import cli, errors
+from workloads import cli
+from workloads.common import errors
 from workloads.data import synthetic
 
 # Writing anywhere under /sys fails for every user, root included (sysfs refuses new entries),
@@ -237,7 +238,7 @@ def _write(world: dict[str, Any], name: str, content: bytes = NOT_UTF8) -> pathl
 def _finished_run(world: dict[str, Any], marker: str) -> str:
     """A config whose run has finished (summary and merge markers written), so release goes on
     to record the marker."""
-    from workloads.serve import staging
+    from workloads.serve import merged_weights
     from workloads.train import metrics
 
     run = pathlib.Path(world["config"]["train"]["output_dir"])
@@ -245,7 +246,7 @@ def _finished_run(world: dict[str, Any], marker: str) -> str:
     (run / metrics.SUMMARY_FILE).write_text("{}\n")
     merged = pathlib.Path(world["config"]["merge"]["out"])
     merged.mkdir(parents=True, exist_ok=True)
-    for name in staging.MARKERS:
+    for name in merged_weights.MARKERS:
         (merged / name).write_text("{}\n")
     return _write_config(world, _set("release", "marker", marker))
 

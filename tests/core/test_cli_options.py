@@ -1,4 +1,4 @@
-"""The manners every command line shares (workloads.cli_options): defaults shown by the help
+"""The manners every command line shares (workloads.common.cli_options): defaults shown by the help
 formatter, never restated by hand; one `--config` definition; the documented exit statuses."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import pytest
 
 from infra.ops import cli as ops
 from infra.ops import preflight
-from workloads import cli, cli_options
+from workloads import cli
+from workloads.common import cli_options
 from workloads.train import guards
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from workloads import digest
+from workloads.common import digest
 
 
 def hexdigest(algorithm: str, *chunks) -> str:

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from workloads import cli, logs
+from workloads import cli
+from workloads.common import logs
 
 
 def test_lines_name_their_command_and_warnings_say_so(capsys):
@@ -56,7 +57,7 @@ def test_the_cli_sets_the_level_from_the_option_or_the_environment(tmp_path, mon
 def test_a_process_nobody_configures_still_speaks():
     """A Pulumi dynamic provider's process never reaches the CLI that configures the level: its
     progress must reach stderr all the same (an unconfigured `logging` drops info)."""
-    script = "from workloads import logs; logs.say('deploy')('w0: upload 100%')"
+    script = "from workloads.common import logs; logs.say('deploy')('w0: upload 100%')"
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert (proc.returncode, proc.stderr) == (0, "deploy: w0: upload 100%\n")
 

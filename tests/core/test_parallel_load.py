@@ -1,5 +1,5 @@
-"""The parallel loader (workloads.parallel_load) gives the model tunix's loader gives, leaf for
-leaf and sharding for sharding, without a host copy for tensors already in the target dtype."""
+"""The parallel loader (workloads.model.parallel_load) gives the model tunix's loader gives, leaf
+for leaf and sharding for sharding, without a host copy for tensors already in the target dtype."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import shutil
 import numpy as np
 import pytest
 
-from workloads import errors, parallel_load
-from workloads import model as model_lib
+from workloads.common import errors
+from workloads.model import gemma4, parallel_load
 
 
 def _leaves(model):
@@ -22,14 +22,14 @@ def _leaves(model):
 def _mesh():
     import jax
 
-    return model_lib.make_mesh(1, jax.device_count())
+    return gemma4.make_mesh(1, jax.device_count())
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_same_model_and_shardings_as_tunix_loader(tiny_model_dir, dtype):
     mesh = _mesh()
     with mesh:
-        reference = model_lib.load_model(tiny_model_dir, mesh=mesh, dtype=dtype)
+        reference = gemma4.load_model(tiny_model_dir, mesh=mesh, dtype=dtype)
     ours = parallel_load.load_model(tiny_model_dir, mesh=mesh, dtype=dtype, workers=3)
     expected, got = _leaves(reference), _leaves(ours)
     assert [p for p, _ in got] == [p for p, _ in expected]
@@ -55,7 +55,7 @@ def test_a_tensor_in_the_target_dtype_is_not_copied(tiny_model_dir):
 def test_layout_only_transposes_stay_views(tiny_model_dir):
     """A weight whose HF layout only needs a transpose (the MLP kernels) reaches the transfer
     as a view of the file: the one host copy left is the transfer itself."""
-    cfg = model_lib.tunix_config_from_hf(model_lib.read_hf_config(str(tiny_model_dir)))
+    cfg = gemma4.tunix_config_from_hf(gemma4.read_hf_config(str(tiny_model_dir)))
     files = [parallel_load.MappedFile(p) for p in sorted(tiny_model_dir.glob("*.safetensors"))]
     tensors = parallel_load.host_tensors(files, cfg)
     gate = tensors["layers.0.mlp.gate_proj.kernel"]()

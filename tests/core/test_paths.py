@@ -11,7 +11,9 @@ import typing
 import pytest
 import yaml
 
-from workloads import cli, runconfig, storage
+from workloads import cli
+from workloads.common import storage
+from workloads.contract import runconfig
 
 # Every path option of every command: (command line, argparse dest, the relative path given).
 PATH_OPTIONS = [
@@ -149,13 +151,13 @@ def test_every_config_path_field_is_covered_by_the_load_test():
     """The fields `load` resolves are exactly those the test above checks."""
     resolved = set()
     for section, model in (
-        ("model", runconfig.ModelSection),
-        ("data", runconfig.DataSection),
-        ("train", runconfig.TrainSection),
-        ("merge", runconfig.MergeSection),
-        ("serve", runconfig.ServeSection),
-        ("bench", runconfig.BenchSection),
-        ("eval", runconfig.EvalSection),
+        ("model", runconfig.ModelRunSection),
+        ("data", runconfig.DataRunSection),
+        ("train", runconfig.TrainingRunSection),
+        ("merge", runconfig.MergeRunSection),
+        ("serve", runconfig.ServingRunSection),
+        ("bench", runconfig.BenchRunSection),
+        ("eval", runconfig.EvalRunSection),
     ):
         for name, field in model.model_fields.items():
             # ConfigPath, or ConfigPath | None (pydantic keeps the Annotated inside the union).

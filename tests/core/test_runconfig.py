@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from workloads import errors, runconfig
+from workloads.common import errors
+from workloads.contract import runconfig
 
 
 def _minimal() -> dict:

@@ -6,7 +6,7 @@ import time
 import fsspec
 import pytest
 
-from workloads import errors, storage
+from workloads.common import errors, storage
 
 
 def test_atomic_local_write_leaves_no_temp_files(tmp_path):

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tests.fixtures.tokenizer import tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401 - fixtures
-from workloads import runconfig
+from workloads.contract import runconfig
 
 
 def write_jsonl(path, rows):

@@ -4,7 +4,7 @@ model turn exactly (answer + end-of-turn), nothing of the prompt."""
 import numpy as np
 import pytest
 
-from workloads import errors
+from workloads.common import errors
 from workloads.data import chat
 
 PROMPT = "Write a Verilog module named wide_lane that adds two 8-bit inputs a and b."

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.data.conftest import write_jsonl
-from workloads import errors
+from workloads.common import errors
 from workloads.data import codev
 
 CODE = "module m (input a, output y);\n    assign y = a;\nendmodule"

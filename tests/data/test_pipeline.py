@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.data.conftest import write_jsonl
-from workloads import errors
+from workloads.common import errors
 from workloads.data import chat, codev, pipeline, synthetic
 
 

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from tests.evaluation import verilog_samples as vs
-from workloads import cli, runconfig
+from workloads import cli
+from workloads.contract import runconfig
 
 pytestmark = pytest.mark.skipif(shutil.which("iverilog") is None, reason="needs Icarus Verilog")
 
@@ -209,7 +210,7 @@ def test_problems_from_and_results_to_a_bucket(openai_server, problems_dir, tmp_
 
 
 def test_the_defaults_are_the_papers():
-    section = runconfig.EvalSection(problems_dir="p", results_dir="r")
+    section = runconfig.EvalRunSection(problems_dir="p", results_dir="r")
     assert (section.n, section.temperature, section.top_p) == (5, 0.8, 0.95)
     assert (section.max_tokens, section.sim_timeout_s, section.ks) == (1024, 60, (1, 5))
 

@@ -349,7 +349,7 @@ def test_reference_failure_fails_its_samples(loaded, tmp_path):
 
 
 def test_missing_tools_is_a_user_error(monkeypatch):
-    from workloads import errors
+    from workloads.common import errors
 
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(errors.UserError, match="iverilog and vvp not found"):

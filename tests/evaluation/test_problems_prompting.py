@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from workloads import errors
+from workloads.common import errors
 from workloads.evaluation import problems, prompting
 
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from workloads import errors
+from workloads.common import errors
 from workloads.evaluation import sampling
 
 PARAMS = sampling.SamplingParams(model="test-model", temperature=0.8, top_p=0.95, max_tokens=64)

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.evaluation import verilog_samples as vs
-from workloads import errors
+from workloads.common import errors
 from workloads.evaluation import judge, problems, sandbox
 
 pytestmark = pytest.mark.skipif(

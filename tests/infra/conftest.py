@@ -19,7 +19,7 @@ from infra.remote import ssh
 from infra.resources import ssh_access, ssh_deployment
 from infra.vm import units, workloads_wheel
 from tests.fixtures.sshd import Worker
-from workloads import runconfig
+from workloads.contract import runconfig
 
 
 def make_run_config(
@@ -232,7 +232,7 @@ def run_unit_job(worker: Worker, unit: str) -> str:
     python, config = exec_start[0], exec_start[exec_start.index("--config") + 1]
     env = lines["Environment"].split()
     script = (
-        "import sys, workloads, workloads.cli, workloads.runconfig as rc; "
+        "import sys, workloads, workloads.cli, workloads.contract.runconfig as rc; "
         "cfg = rc.load(sys.argv[1]); "
         "print(cfg.run_name, cfg.train.max_steps, workloads.__file__, "
         "'train' in workloads.cli.COMMANDS)"

@@ -19,7 +19,7 @@ from infra.config import model as config
 from infra.config import stack_config
 from infra.vm import startup
 from tests.fixtures import pulumi_mocks
-from workloads import catalog
+from workloads.contract import catalog
 
 TOKEN = "hf_TEST_SECRET_3f9a1c7e5b2d4068a1b2c3d4e5f60718"
 

@@ -1,7 +1,7 @@
 """Fixtures of the merge tests: a tiny f32 Gemma 4, a LoRA run saved the way training saves it,
 and its merged checkpoint (built once per session).
 
-The run goes through the training code path: workloads.model.load_model, workloads.train.lora
+The run goes through the training code path: workloads.model.gemma4.load_model, workloads.train.lora
 .apply_lora on every target (k_einsum of the global layers included), tunix's CheckpointManager
 .save (what PeftTrainer calls) and adapter_meta.write. LoRA B starts at zero in Qwix, so it is
 randomised here: a merge of all-zero adapters would prove nothing.
@@ -35,21 +35,21 @@ class LoraRun:
 def single_device_mesh():
     import jax
 
-    from workloads import model
+    from workloads.model import gemma4
 
     auto = jax.sharding.AxisType.Auto
     return jax.sharding.Mesh(
-        np.array(jax.devices()[:1]).reshape(1, 1), model.MESH_AXES, axis_types=(auto, auto)
+        np.array(jax.devices()[:1]).reshape(1, 1), gemma4.MESH_AXES, axis_types=(auto, auto)
     )
 
 
 def jax_logits(model_dir, tokens):
     """Logits of a model directory loaded by Tunix without LoRA (f32)."""
-    from workloads import model
     from workloads.merge import verify
+    from workloads.model import gemma4
 
     mesh = single_device_mesh()
-    return verify.forward(model.load_model(model_dir, mesh=mesh, dtype="float32"), tokens, mesh)
+    return verify.forward(gemma4.load_model(model_dir, mesh=mesh, dtype="float32"), tokens, mesh)
 
 
 @pytest.fixture(scope="session")
@@ -59,21 +59,22 @@ def lora_run(tiny_model_dir, tmp_path_factory) -> LoraRun:
     from flax import nnx
     from tunix.sft import checkpoint_manager
 
-    from workloads import adapter_meta, model, runconfig
+    from workloads.contract import runconfig
     from workloads.merge import verify
+    from workloads.model import adapter_meta, gemma4
     from workloads.train import lora
 
     root = tmp_path_factory.mktemp("merge")
     base = tiny_model_dir  # shared, read-only: tests that need a changed base copy it
     targets = runconfig.ALL_LORA_TARGETS  # includes k_einsum (global layers, k_eq_v)
     # Trained and saved sharded over 2 devices (tp=2); the merge restores it onto the host.
-    mesh = model.make_mesh(1, 2)
-    base_model = model.load_model(base, mesh=mesh, dtype="float32")
+    mesh = gemma4.make_mesh(1, 2)
+    base_model = gemma4.load_model(base, mesh=mesh, dtype="float32")
     tokens = np.random.default_rng(0).integers(
         0, base_model.config.num_embed, (2, 39), dtype=np.int32
     )
     base_logits = verify.forward(base_model, tokens, mesh)
-    settings = runconfig.LoraSection(rank=RANK, alpha=ALPHA, dropout=0.0, targets=targets)
+    settings = runconfig.LoraRunSection(rank=RANK, alpha=ALPHA, dropout=0.0, targets=targets)
     lora_model = lora.apply_lora(base_model, settings, mesh=mesh, seed=0)
 
     checkpoints = root / "run" / "checkpoints"
@@ -84,7 +85,7 @@ def lora_run(tiny_model_dir, tmp_path_factory) -> LoraRun:
             alpha=ALPHA,
             targets=targets,
             base=str(base),
-            hf_config=model.read_hf_config(base),
+            hf_config=gemma4.read_hf_config(base),
         ),
     )
     manager = checkpoint_manager.CheckpointManager(

@@ -112,13 +112,13 @@ def test_only_the_lora_factors_are_restored_onto_the_host(lora_run, tmp_path, mo
     from tunix.models.gemma4 import params_safetensors
 
     from workloads import merge
-    from workloads import model as model_lib
     from workloads.merge import lora_restore
+    from workloads.model import gemma4
 
     def forbidden(*args, **kwargs):
         raise AssertionError("the merge must not load the base as a model")
 
-    monkeypatch.setattr(model_lib, "load_model", forbidden)
+    monkeypatch.setattr(gemma4, "load_model", forbidden)
     monkeypatch.setattr(params_safetensors, "create_model_from_safe_tensors", forbidden)
     restored = []
     real = lora_restore.restore_lora_params
@@ -144,7 +144,7 @@ def test_benchmark_checkpoint_has_real_31b_shapes_that_the_mapping_accepts():
     real 31B sizes) and LoRA factors map one to one onto each other: every target gets a delta
     of its tensor's exact shape, the global layer's K lands on k_proj and it has no v_proj."""
     from benchmarks import merge_throughput as bench
-    from workloads import catalog, runconfig
+    from workloads.contract import catalog, runconfig
 
     spec = catalog.model("gemma-4-31b")
     for layer, glob in ((5, True), (4, False)):

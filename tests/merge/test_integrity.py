@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from tests.merge.conftest import SHARD_SIZE, STEPS
-from workloads import errors, merge
+from workloads import merge
+from workloads.common import errors
 from workloads.merge import lora_restore, shard_worker
 
 GARBAGE_SCALE = np.float32(1e30)  # B * 1e30: finite deltas up to ~1e29 (float32 holds 3.4e38)

@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from workloads import errors
+from workloads.common import errors
 from workloads.merge import mapping
 
 D, R, N, K, KG, H, HG, F = 12, 3, 4, 2, 1, 5, 10, 7

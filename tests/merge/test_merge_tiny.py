@@ -15,7 +15,8 @@ import pytest
 from safetensors import safe_open
 
 from tests.merge.conftest import ALPHA, RANK, SHARD_SIZE, STEPS, jax_logits
-from workloads import cli, errors, merge
+from workloads import cli, merge
+from workloads.common import errors
 from workloads.merge import mapping, stream
 from workloads.merge import safetensors_io as st
 
@@ -208,7 +209,7 @@ def test_config_merge_is_what_the_vm_unit_runs_and_a_rerun_keeps_the_finished_me
 ):
     """The merge unit runs `merge --config run.yaml` after every successful training start (a
     reboot restarts a finished run, which exits 0): the second call must keep the output."""
-    from workloads import runconfig
+    from workloads.contract import runconfig
 
     out = tmp_path / "merged"
     cfg = runconfig.parse(
@@ -343,8 +344,8 @@ def test_streamed_targets_are_bit_identical_to_a_naive_whole_tensor_merge(lora_r
     tensor loaded whole, float32(weight) + the whole delta, cast back."""
     import safetensors.numpy
 
-    from workloads import adapter_meta
     from workloads.merge import lora_restore
+    from workloads.model import adapter_meta
 
     out, result = merged
     assert result.workers > 1 or os.cpu_count() == 1

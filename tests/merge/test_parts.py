@@ -9,7 +9,7 @@ import itertools
 import numpy as np
 import pytest
 
-from workloads import digest
+from workloads.common import digest
 from workloads.merge import mapping, parts, stream
 from workloads.merge import safetensors_io as st
 

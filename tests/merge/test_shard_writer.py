@@ -6,7 +6,7 @@ import hashlib
 
 import numpy as np
 
-from workloads import digest
+from workloads.common import digest
 from workloads.merge import safetensors_io as st
 
 

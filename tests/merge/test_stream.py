@@ -15,7 +15,7 @@ import pytest
 import safetensors.numpy
 from safetensors import safe_open
 
-from workloads import digest, errors, storage
+from workloads.common import digest, errors, storage
 from workloads.merge import mapping, parts, shard_worker, stream
 from workloads.merge import safetensors_io as st
 

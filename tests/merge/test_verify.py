@@ -11,7 +11,8 @@ import pytest
 
 from tests.merge.conftest import SHARD_SIZE, STEPS
 from tests.train import damage
-from workloads import cli, errors
+from workloads import cli
+from workloads.common import errors
 
 
 def test_verify_refuses_nan_in_a_merged_tensor(lora_run, merged, tmp_path, capsys):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from workloads import catalog
+from workloads.contract import catalog
 from workloads.report import costs
 
 

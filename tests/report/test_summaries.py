@@ -6,7 +6,8 @@ import math
 import pytest
 
 from tests.report.test_command import summaries  # noqa: F401 - the fixture
-from workloads import cli, errors
+from workloads import cli
+from workloads.common import errors
 from workloads.report import summaries as summaries_lib
 
 GOOD = {"steps": 10, "wall_seconds": 60.0, "real_tokens": 5000, "tokens_per_second": 83.3}

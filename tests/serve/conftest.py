@@ -14,7 +14,7 @@ import uuid
 import fsspec
 import pytest
 
-from workloads import digest
+from workloads.common import digest
 
 FAKE_DOCKER = pathlib.Path(__file__).with_name("fake_docker.py")
 

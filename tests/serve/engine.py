@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from workloads import demo_serving
+from workloads.cli import demo_serving
 
 ENGINE = demo_serving.engine_python()
 HAVE_ENGINE = os.access(ENGINE, os.X_OK)

@@ -4,12 +4,13 @@ import math
 
 import pytest
 
-from workloads import catalog, errors, runconfig
+from workloads.common import errors
+from workloads.contract import catalog, runconfig
 from workloads.serve import argv
 
 
-def _serve(**overrides) -> runconfig.ServeSection:
-    return runconfig.ServeSection(**{"model_dir": "gs://bucket/merged/run1", **overrides})
+def _serve(**overrides) -> runconfig.ServingRunSection:
+    return runconfig.ServingRunSection(**{"model_dir": "gs://bucket/merged/run1", **overrides})
 
 
 def test_staged_model_is_served_offline_from_shm_with_the_papers_flags():
@@ -174,7 +175,7 @@ def test_stop_and_remove():
 
 def test_bench_argv_for_a_burst_and_a_fractional_rate():
     serve = _serve(port=8001)
-    bench = runconfig.BenchSection(
+    bench = runconfig.BenchRunSection(
         results_dir="gs://bucket/bench", num_prompts=64, extra_args=("--seed", "7")
     )
     source = argv.model_source(serve)
@@ -348,7 +349,7 @@ def test_one_argument_list_two_launchers():
         "result_dir": "/w/raw",
         "result_filename": "128x32_r4.json",
     }
-    bench = runconfig.BenchSection(results_dir="/w/bench", num_prompts=8)
+    bench = runconfig.BenchRunSection(results_dir="/w/bench", num_prompts=8)
     local_bench = argv.bench_argv(serve, bench, source, **kwargs)
     docker_bench = argv.bench_argv(
         serve.model_copy(update={"launcher": "docker"}), bench, source, **kwargs

@@ -14,7 +14,8 @@ import fsspec
 import yaml
 
 from tests.serve.conftest import write_merged_model
-from workloads import cli, runconfig
+from workloads import cli
+from workloads.contract import runconfig
 from workloads.serve import argv, command, readiness
 
 
@@ -318,7 +319,9 @@ def test_the_local_server_and_its_children_stop_with_it(tmp_path):
         "print('up', flush=True)\n"
         "time.sleep(600)\n"
     )
-    serve = runconfig.ServeSection(model_dir=str(tmp_path), launcher="process", stop_timeout_s=1)
+    serve = runconfig.ServingRunSection(
+        model_dir=str(tmp_path), launcher="process", stop_timeout_s=1
+    )
     server = command.LocalProcess(
         serve, [sys.executable, "-c", script], {"MARK": "1"}, echo=io.StringIO()
     )

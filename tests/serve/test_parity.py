@@ -14,7 +14,8 @@ import pytest
 
 from tests.merge.conftest import lora_run, merged  # noqa: F401 - the session fixtures
 from tests.serve.engine import needs_engine
-from workloads import demo_serving, runconfig
+from workloads.cli import demo_serving
+from workloads.contract import runconfig
 from workloads.serve import argv, parity
 from workloads.serve import command as serve_command
 
@@ -22,11 +23,11 @@ from workloads.serve import command as serve_command
 def test_batched_greedy_equals_one_prompt_at_a_time(tiny_model_dir):
     """The padded batch decodes each prompt exactly as decoding it alone does (different prompt
     lengths: the padding must never be read)."""
-    from workloads import model as model_lib
     from workloads.merge import verify
+    from workloads.model import gemma4
 
     mesh = verify.single_device_mesh()
-    model = model_lib.load_model(str(tiny_model_dir), mesh=mesh, dtype="float32")
+    model = gemma4.load_model(str(tiny_model_dir), mesh=mesh, dtype="float32")
     prompts = parity.prompt_ids(str(tiny_model_dir))[:3]
     assert len({len(p) for p in prompts}) > 1
     batched = parity.greedy(model, mesh, prompts, 4)
@@ -156,7 +157,7 @@ def served(merged, tmp_path_factory):  # noqa: F811 - the imported session fixtu
     sections = demo_serving.serving_sections(
         work, demo_serving.engine_python(), demo_serving.free_port()
     )
-    serve = runconfig.ServeSection(**{**sections["serve"], "model_dir": str(out)})
+    serve = runconfig.ServingRunSection(**{**sections["serve"], "model_dir": str(out)})
     with (work / "vllm.log").open("w") as log, serve_command.serving(serve, echo=log):
         yield serve
 
@@ -175,11 +176,11 @@ def test_vllm_serves_what_was_trained(served, lora_run):  # noqa: F811
     )
     assert result.ok, result.summary()
     # Not vacuous: the adapters change the greedy decode, so serving the base model would fail.
-    from workloads import model as model_lib
     from workloads.merge import verify
+    from workloads.model import gemma4
 
     mesh = verify.single_device_mesh()
-    base = model_lib.load_model(str(lora_run.base), mesh=mesh, dtype="float32")
+    base = gemma4.load_model(str(lora_run.base), mesh=mesh, dtype="float32")
     assert parity.greedy(base, mesh, [list(p) for p in result.prompts]) != list(
         map(list, result.served)
     )

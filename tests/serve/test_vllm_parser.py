@@ -7,21 +7,21 @@ from __future__ import annotations
 import pytest
 
 from tests.serve.engine import needs_engine, parse_with_vllm
-from workloads import runconfig
+from workloads.contract import runconfig
 from workloads.serve import argv
 
 pytestmark = needs_engine
 
 
-def _serve(**overrides) -> runconfig.ServeSection:
-    return runconfig.ServeSection(**{"model_dir": "/dev/shm/models/merged", **overrides})
+def _serve(**overrides) -> runconfig.ServingRunSection:
+    return runconfig.ServingRunSection(**{"model_dir": "/dev/shm/models/merged", **overrides})
 
 
-def _bench() -> runconfig.BenchSection:
-    return runconfig.BenchSection(results_dir="/tmp/bench")
+def _bench() -> runconfig.BenchRunSection:
+    return runconfig.BenchRunSection(results_dir="/tmp/bench")
 
 
-def _docker_engine_argv(serve: runconfig.ServeSection) -> list[str]:
+def _docker_engine_argv(serve: runconfig.ServingRunSection) -> list[str]:
     """What `vllm serve MODEL ...` in the TPU container gets, as the server parser takes it
     (`vllm serve` turns its positional model into --model)."""
     full = argv.serve_argv(serve, argv.model_source(serve))
@@ -29,13 +29,13 @@ def _docker_engine_argv(serve: runconfig.ServeSection) -> list[str]:
     return ["--model", full[at + 1], *full[at + 2 :]]
 
 
-def _process_engine_argv(serve: runconfig.ServeSection) -> list[str]:
+def _process_engine_argv(serve: runconfig.ServingRunSection) -> list[str]:
     full = argv.process_serve_argv(serve, argv.model_source(serve))
     assert full[1:3] == ["-m", argv.SERVER_MODULE]
     return full[3:]
 
 
-def _bench_argv(serve: runconfig.ServeSection, *, launcher: str) -> list[str]:
+def _bench_argv(serve: runconfig.ServingRunSection, *, launcher: str) -> list[str]:
     serve = serve.model_copy(update={"launcher": launcher})
     full = argv.bench_argv(
         serve,

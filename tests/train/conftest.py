@@ -58,7 +58,7 @@ def base_config(tiny_model_dir, codev_jsonl) -> dict[str, Any]:
 
 
 def _make_config(base: dict[str, Any], output_dir: pathlib.Path | str, **sections: dict[str, Any]):
-    from workloads import runconfig
+    from workloads.contract import runconfig
 
     data = copy.deepcopy(base)
     data["train"]["output_dir"] = str(output_dir)
@@ -78,17 +78,17 @@ def config_for(base_config):
 def reference_run(config_for, tmp_path_factory):
     """An uninterrupted in-process run of the base config: 8 steps on a tensor-parallel mesh
     (fsdp=1, tp=2, the production layout at toy scale), checkpoints at 4 and 8."""
-    from workloads import stages
+    from workloads.common import stage_records
     from workloads.train import trainer
 
     out = tmp_path_factory.mktemp("reference") / "run"
     # As on a VM: the startup script recorded its stages in the host's file before the trainer.
     stages_file = out.parent / "stages.jsonl"
-    startup = stages.StageLog(str(stages_file), "startup")
+    startup = stage_records.StageLog(str(stages_file), "startup")
     startup.start("venv")
     startup.end("venv", note="restored from gs://b/venv/train-0123.tar.gz")
-    os.environ[stages.STAGES_ENV] = str(stages_file)
+    os.environ[stage_records.STAGES_ENV] = str(stages_file)
     try:
         return trainer.train(config_for(out), log=lambda line: None)
     finally:
-        del os.environ[stages.STAGES_ENV]
+        del os.environ[stage_records.STAGES_ENV]

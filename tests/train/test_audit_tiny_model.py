@@ -85,7 +85,7 @@ def test_bfloat16_checkpoint_loads_in_tunix(tmp_path):
     import ml_dtypes
     import numpy as np
 
-    from workloads import model
+    from workloads.model import gemma4
     from workloads.train import step
 
     out = tmp_path / "bf16"
@@ -93,7 +93,7 @@ def test_bfloat16_checkpoint_loads_in_tunix(tmp_path):
     tensors = weights(out)
     assert {t.dtype for t in tensors.values()} == {np.dtype(ml_dtypes.bfloat16)}
     assert json.loads((out / "config.json").read_text())["text_config"]["dtype"] == "bfloat16"
-    loaded = model.load_model(out, mesh=None, dtype="bfloat16")
+    loaded = gemma4.load_model(out, mesh=None, dtype="bfloat16")
     tokens = np.arange(40, dtype=np.int32)[None]
     logits, _ = loaded(tokens, tokens, None, step.attention_mask(np.ones_like(tokens)))
     assert logits.shape == (1, 40, loaded.config.num_embed)

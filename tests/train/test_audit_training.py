@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from workloads import runconfig
+from workloads.contract import runconfig
 
 
-def train_section(**overrides) -> runconfig.TrainSection:
-    return runconfig.TrainSection(output_dir="unused", weight_decay=0.01, **overrides)
+def train_section(**overrides) -> runconfig.TrainingRunSection:
+    return runconfig.TrainingRunSection(output_dir="unused", weight_decay=0.01, **overrides)
 
 
 def updates(optimizer, grads_seq, params):
@@ -86,10 +86,10 @@ def remat_count(model) -> int:
 @pytest.fixture(scope="module")
 def tp2_lora_model(config_for, tiny_model_dir, tmp_path_factory):
     """The LoRA model as the trainer builds it (all 7 targets, remat on) on a fsdp=1 x tp=2 mesh."""
-    from workloads import model as model_lib
+    from workloads.model import gemma4
     from workloads.train import trainer
 
-    mesh = model_lib.make_mesh(1, 2)
+    mesh = gemma4.make_mesh(1, 2)
     cfg = config_for(
         tmp_path_factory.mktemp("unused") / "run",
         train={"remat": True},
@@ -100,14 +100,14 @@ def tp2_lora_model(config_for, tiny_model_dir, tmp_path_factory):
 
 
 def test_the_trainer_rematerialises_every_decoder_layer_of_the_lora_model(tp2_lora_model):
-    from workloads import model as model_lib
+    from workloads.model import gemma4
 
     lora_model, mesh = tp2_lora_model
     with mesh:
         on = remat_count(lora_model)
-        model_lib.set_remat(lora_model, False)
+        gemma4.set_remat(lora_model, False)
         off = remat_count(lora_model)
-        model_lib.set_remat(lora_model, True)
+        gemma4.set_remat(lora_model, True)
     assert (on, off) == (6, 0)  # one region per decoder layer, none without remat
 
 
@@ -119,7 +119,7 @@ def test_every_remat_policy_gives_the_same_lora_gradients(tp2_lora_model):
     import numpy as np
     from flax import nnx
 
-    from workloads import model as model_lib
+    from workloads.model import gemma4
     from workloads.train import lora, step
 
     lora_model, mesh = tp2_lora_model
@@ -131,7 +131,7 @@ def test_every_remat_policy_gives_the_same_lora_gradients(tp2_lora_model):
     )
 
     def grads(policy):
-        model_lib.set_remat(lora_model, policy)
+        gemma4.set_remat(lora_model, policy)
         lora.seed_dropout(lora_model, 0, 0, mesh)  # the same LoRA dropout masks every time
         grad_fn = nnx.value_and_grad(
             step.loss_fn, argnums=nnx.DiffState(0, nnx.LoRAParam), has_aux=True
@@ -147,7 +147,7 @@ def test_every_remat_policy_gives_the_same_lora_gradients(tp2_lora_model):
                 results[policy] = grads(policy)
                 counts[policy] = remat_count(lora_model)
     finally:
-        model_lib.set_remat(lora_model, True)
+        gemma4.set_remat(lora_model, True)
     assert counts == {"full": 6, "dots": 6, "none": 0}
     for policy in ("dots", "none"):
         assert results[policy][0] == pytest.approx(results["full"][0], rel=1e-6)
@@ -199,8 +199,8 @@ def remote_model(tiny_model_dir):
 
 
 def test_a_remote_base_is_staged_once_and_reused(remote_model, tmp_path, monkeypatch, capsys):
-    from workloads import model as model_lib
-    from workloads import storage
+    from workloads.common import storage
+    from workloads.model import gemma4
 
     downloads = []
     real = storage.copy_tree
@@ -212,21 +212,21 @@ def test_a_remote_base_is_staged_once_and_reused(remote_model, tmp_path, monkeyp
 
     monkeypatch.setattr(storage, "copy_tree", copy_tree)
     stage = tmp_path / "shm" / "base"
-    first = model_lib.stage(remote_model, str(stage))
+    first = gemma4.stage(remote_model, str(stage))
     names = storage.list_files(remote_model)
     assert first == stage and sorted(d.rsplit("/", 1)[-1] for d in downloads) == names
-    assert model_lib.read_hf_config(remote_model) == model_lib.read_hf_config(str(stage))
+    assert gemma4.read_hf_config(remote_model) == gemma4.read_hf_config(str(stage))
     downloads.clear()
-    assert model_lib.stage(remote_model, str(stage)) == stage and downloads == []
+    assert gemma4.stage(remote_model, str(stage)) == stage and downloads == []
     assert "staging memory://audit-bucket/models/tiny" in capsys.readouterr().out
-    loaded = model_lib.load_model(stage, mesh=None, dtype="float32")
+    loaded = gemma4.load_model(stage, mesh=None, dtype="float32")
     assert loaded.config.num_layers == 6
 
 
 _CACHE_PROBE = """
 import sys
-from workloads import model
-model.set_compilation_cache(sys.argv[1])
+from workloads.model import gemma4
+gemma4.set_compilation_cache(sys.argv[1])
 import jax, jax.numpy as jnp
 print(jax.jit(lambda x: x * 3 + 1)(jnp.arange(5.0)).sum())
 """
@@ -249,16 +249,16 @@ def test_compilation_cache_local_dir_is_created_and_filled(tmp_path):
 def test_compilation_cache_on_gcs_is_passed_to_jax_without_a_local_dir(tmp_path, monkeypatch):
     import jax
 
-    from workloads import model as model_lib
+    from workloads.model import gemma4
 
     calls = {}
     monkeypatch.setattr(jax.config, "update", lambda key, value: calls.__setitem__(key, value))
     monkeypatch.chdir(tmp_path)
-    model_lib.set_compilation_cache("gs://bucket/jax-cache")
+    gemma4.set_compilation_cache("gs://bucket/jax-cache")
     assert calls["jax_compilation_cache_dir"] == "gs://bucket/jax-cache"
     assert list(tmp_path.iterdir()) == []
     calls.clear()
-    model_lib.set_compilation_cache(None)
+    gemma4.set_compilation_cache(None)
     assert calls == {}
 
 
@@ -369,10 +369,10 @@ def toy_train(batches, grad_accum):
     import optax
     from tunix.sft import peft_trainer
 
-    from workloads import model as model_lib
+    from workloads.model import gemma4
     from workloads.train import step
 
-    mesh = model_lib.make_mesh(1, 2)
+    mesh = gemma4.make_mesh(1, 2)
     toy = _Toy.make()
     config = peft_trainer.TrainingConfig(
         eval_every_n_steps=10**9,

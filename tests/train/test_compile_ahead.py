@@ -19,7 +19,7 @@ from workloads.train import compile_ahead
 # when the background compile and the loading ran, and what the log said.
 _DRIVER = r"""
 import json, sys, time
-from workloads import runconfig
+from workloads.contract import runconfig
 from workloads.train import compile_ahead, trainer
 cfg = runconfig.parse(json.loads(sys.argv[1]))
 loading = {}
@@ -147,12 +147,13 @@ def test_the_deviceless_check_lays_out_devices_unlike_the_trainer():
     pytest.importorskip("libtpu")
     import jax
 
-    from workloads import catalog, model
+    from workloads.contract import catalog
+    from workloads.model import gemma4
     from workloads.train import compile_step
 
     devices = compile_step.topology_devices(catalog.accelerator("v5p-8"))
     auto = (jax.sharding.AxisType.Auto,) * 2
-    trainer_mesh = jax.make_mesh((1, 4), model.MESH_AXES, devices=devices, axis_types=auto)
+    trainer_mesh = jax.make_mesh((1, 4), gemma4.MESH_AXES, devices=devices, axis_types=auto)
     check_mesh = compile_step.make_mesh(devices, 1, 4)
     assert [d.id for d in check_mesh.devices.flat] == [0, 1, 2, 3]
     assert [d.id for d in trainer_mesh.devices.flat] == [0, 2, 1, 3]

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from workloads import errors
+from workloads.common import errors
 
 
 def run_train(cfg):

@@ -13,7 +13,8 @@ import pytest
 
 from tests.train import damage
 from tests.train.conftest import SAVE_EVERY, STEPS
-from workloads import cli, errors
+from workloads import cli
+from workloads.common import errors
 
 
 def poison_at(monkeypatch, optimizer_step: int, grad_accum: int = 2) -> None:
@@ -271,7 +272,7 @@ def test_background_tracebacks_are_dropped_after_a_one_line_error_and_shown_othe
 # A failed save's writer coroutine that never ran, still referenced when the process exits.
 _ABANDONED_WRITER = """
 import sys
-from workloads import errors
+from workloads.common import errors
 from workloads.train import guards
 
 async def write_fragment():

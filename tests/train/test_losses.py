@@ -31,8 +31,8 @@ def test_packed_row_losses_equal_each_sample_alone(tiny_model_dir):
     layers' band and the restarting positions both matter."""
     import jax
 
-    from workloads import model as model_lib
     from workloads.data import chat, packing
+    from workloads.model import gemma4
     from workloads.train import step
     from workloads.train import stream as stream_lib
 
@@ -46,9 +46,9 @@ def test_packed_row_losses_equal_each_sample_alone(tiny_model_dir):
     batch = packing.build_batch([[0, 1, 2], [0], [1], [2]], samples, length, pad_id=0)
     assert batch.segment_ids[0].max() == 3 and batch.positions[0][50] == 0
 
-    mesh = model_lib.make_mesh(2, 1)
+    mesh = gemma4.make_mesh(2, 1)
     with mesh:
-        model = model_lib.load_model(tiny_model_dir, mesh=mesh, dtype="float32")
+        model = gemma4.load_model(tiny_model_dir, mesh=mesh, dtype="float32")
         inputs = step.model_inputs(stream_lib.to_input(batch))
         nll = np.asarray(
             jax.jit(lambda t, p, m: step.token_nll(model, t, p, m))(

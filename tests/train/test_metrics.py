@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from workloads import storage
+from workloads.common import storage
 from workloads.train import metrics
 
 

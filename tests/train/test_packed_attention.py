@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workloads import runconfig
+from workloads.contract import runconfig
 
 LENGTH = 384  # three 128-token kernel blocks: segments and the window cross block boundaries
 WINDOW = 16
@@ -102,10 +102,10 @@ def test_block_size_is_the_largest_that_divides_the_row():
 def lora_model(config_for, tiny_model_dir, tmp_path_factory):
     """The tiny LoRA model as the trainer builds it (all targets), on a tp=2 mesh: the kernel
     runs per shard of heads, with grouped and k = v global heads as the model has them."""
-    from workloads import model as model_lib
+    from workloads.model import gemma4
     from workloads.train import trainer
 
-    mesh = model_lib.make_mesh(1, 2)
+    mesh = gemma4.make_mesh(1, 2)
     cfg = config_for(
         tmp_path_factory.mktemp("unused") / "run",
         train={"remat": "none"},
@@ -126,11 +126,11 @@ def test_kernel_path_gives_the_dense_paths_losses_and_lora_gradients(lora_model,
     from flax import nnx
     from tunix.models.gemma4 import model as gemma4_model
 
-    from workloads import model as model_lib
+    from workloads.model import gemma4
     from workloads.train import lora, packed_attention, step
 
     model, mesh = lora_model
-    model_lib.set_remat(model, remat)
+    gemma4.set_remat(model, remat)
     segments = packed_segments()
     rng = np.random.default_rng(1)
     tokens = jnp.asarray(rng.integers(3, 200, segments.shape), jnp.int32)

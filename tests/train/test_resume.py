@@ -12,7 +12,7 @@ import pytest
 
 from tests.train import damage
 from tests.train.conftest import SAVE_EVERY, STEPS
-from workloads import errors
+from workloads.common import errors
 
 
 @pytest.mark.parametrize("kind", damage.KINDS)

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from workloads import errors
+from workloads.common import errors
 from workloads.train import runlock
 
 HOLD = (

@@ -85,10 +85,10 @@ def test_loss_decreases_and_outputs_are_written(reference_run):
 def test_stages_from_boot_to_first_step_are_in_the_hosts_file_and_the_summary(reference_run):
     """The trainer appends data, load, compile and first_step to the host's stage records
     (next to what the startup script wrote), and train_summary.json keeps the boot's stages."""
-    from workloads import stages
+    from workloads.common import stage_records
 
     run = pathlib.Path(reference_run.checkpoint_dir).parent
-    records = stages.read_records(str(run.parent / "stages.jsonl"))
+    records = stage_records.read_records(str(run.parent / "stages.jsonl"))
     trainer_records = [r for r in records if r["source"] == "trainer"]
     assert [(r["stage"], r["event"]) for r in trainer_records] == [
         ("data", "start"),
@@ -127,7 +127,7 @@ def test_the_trainer_prepares_the_data_before_the_weights_arrive_and_waits_for_t
     then waits (stage weights_wait) until `.staged`, loads and trains."""
     import shutil
 
-    from workloads import stages
+    from workloads.common import stage_records
     from workloads.train import trainer
 
     stage = tmp_path / "shm" / "models" / "base"
@@ -155,16 +155,18 @@ def test_the_trainer_prepares_the_data_before_the_weights_arrive_and_waits_for_t
         train={"max_steps": 2, "save_every": 2},
     )
     stages_file = tmp_path / "stages.jsonl"
-    os.environ[stages.STAGES_ENV] = str(stages_file)
+    os.environ[stage_records.STAGES_ENV] = str(stages_file)
     staging = threading.Thread(target=startup_script, daemon=True)
     staging.start()
     try:
         result = trainer.train(cfg, log=lines.append)
     finally:
-        del os.environ[stages.STAGES_ENV]
+        del os.environ[stage_records.STAGES_ENV]
     staging.join(timeout=5)
     assert result.final_step == 2
-    rows = {r["stage"]: r for r in stages.summarise(stages.read_records(str(stages_file)))}
+    rows = {
+        r["stage"]: r for r in stage_records.summarise(stage_records.read_records(str(stages_file)))
+    }
     assert list(rows) == ["data", "weights_wait", "load", "compile", "first_step"]
     data, wait, load = rows["data"], rows["weights_wait"], rows["load"]
     ms = 0.001  # a record's seconds are rounded to the millisecond

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workloads import runconfig
+from workloads.contract import runconfig
 
 
 def _full_logits_nll(model, tokens, positions, mask):
@@ -21,10 +21,10 @@ def _full_logits_nll(model, tokens, positions, mask):
 
 @pytest.fixture(scope="module")
 def lora_model(config_for, tiny_model_dir, tmp_path_factory):
-    from workloads import model as model_lib
+    from workloads.model import gemma4
     from workloads.train import trainer
 
-    mesh = model_lib.make_mesh(1, 2)
+    mesh = gemma4.make_mesh(1, 2)
     cfg = config_for(
         tmp_path_factory.mktemp("unused") / "run",
         train={"remat": "none"},

@@ -17,8 +17,9 @@ import shlex
 import subprocess
 import sys
 
-from workloads import cli_options, errors, logs, runconfig, storage
 from workloads.bench import plots, results
+from workloads.common import cli_options, errors, logs, storage
+from workloads.contract import runconfig
 from workloads.serve import argv as argv_lib
 from workloads.serve import readiness
 
@@ -45,12 +46,12 @@ def aggregate(results_dir: str) -> list[str]:
     return written
 
 
-def sweep_points(bench: runconfig.BenchSection) -> list[tuple[int, int, float]]:
+def sweep_points(bench: runconfig.BenchRunSection) -> list[tuple[int, int, float]]:
     return [(i, o, rate) for i, o in bench.shapes for rate in bench.request_rates]
 
 
 def run_sweep(
-    serve: runconfig.ServeSection, bench: runconfig.BenchSection, *, docker: str = "docker"
+    serve: runconfig.ServingRunSection, bench: runconfig.BenchRunSection, *, docker: str = "docker"
 ) -> list[str]:
     """Runs the missing sweep points; returns the names of the points that failed."""
     source = argv_lib.model_source(serve)

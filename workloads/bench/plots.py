@@ -10,8 +10,9 @@ import io
 import math
 from typing import Any
 
-from workloads import catalog, errors, runconfig, storage
 from workloads.bench import results
+from workloads.common import errors, storage
+from workloads.contract import catalog, runconfig
 
 THROUGHPUT_PNG = "throughput_vs_rate.png"
 TTFT_PNG = "ttft_vs_rate.png"

@@ -24,7 +24,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from workloads import catalog, errors, runconfig, storage
+from workloads.common import errors, storage
+from workloads.contract import catalog, runconfig
 from workloads.serve.argv import format_rate
 
 RAW = "raw"

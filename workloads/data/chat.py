@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from workloads import errors
+from workloads.common import errors
 
 # Stands in for an answer when reading the shape of a model turn off the template.
 _SENTINEL = "SENTINEL_ANSWER"

@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Iterator
 
-from workloads import errors, storage
+from workloads.common import errors, storage
 
 REQUIRED_FIELDS = ("prompt", "response")
 

@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from workloads import errors, runconfig
+from workloads.common import errors
+from workloads.contract import runconfig
 from workloads.data import chat, codev, packing
 from workloads.data.packing import Batch
 

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from workloads import runconfig, storage
+from workloads.common import storage
+from workloads.contract import runconfig
 
 if TYPE_CHECKING:
     from workloads.data import codev

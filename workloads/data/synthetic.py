@@ -16,7 +16,7 @@ import dataclasses
 import json
 import random
 
-from workloads import errors, storage
+from workloads.common import errors, storage
 
 _ADJECTIVES = ("fast", "main", "tiny", "wide", "core", "aux", "low", "top", "edge", "sync")
 _NOUNS = ("unit", "block", "path", "stage", "cell", "port", "slice", "node", "lane", "bank")

@@ -19,13 +19,14 @@ from typing import Any
 
 import pydantic
 
-from workloads import catalog, cli_options, errors, logs, runconfig, storage
-from workloads import settings as settings_lib
+from workloads.common import cli_options, errors, logs, storage
+from workloads.contract import catalog, runconfig
+from workloads.contract import settings as settings_lib
 from workloads.evaluation import extract, judge, passk, problems, prompting, sampling, sandbox
 
 LOG = logs.get("eval")
 
-_FIELDS = runconfig.EvalSection.model_fields
+_FIELDS = runconfig.EvalRunSection.model_fields
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -153,11 +154,11 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     # The flags meet the same schema as the config file's eval section (n >= 1, top_p in (0, 1],
     # a timeout > 0, ...): one definition of what is allowed.
     try:
-        checked = runconfig.EvalSection.model_validate(
+        checked = runconfig.EvalRunSection.model_validate(
             {k: v for k, v in settings.items() if k != "model"}
         )
     except pydantic.ValidationError as exc:
-        lines = settings_lib.problem_lines(exc.errors(), runconfig.EvalSection)
+        lines = settings_lib.problem_lines(exc.errors(), runconfig.EvalRunSection)
         raise errors.UserError("eval: " + "; ".join(lines)) from None
     settings |= checked.model_dump()
     settings["ks"] = _ks_within_n(settings["ks"], settings["n"])

@@ -85,7 +85,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from workloads import errors
+from workloads.common import errors
 from workloads.evaluation import extract, problems, sandbox
 
 IVERILOG_FLAGS = ("-Wall", "-Winfloop", "-Wno-timescale", "-g2012", "-s", "tb")

@@ -14,7 +14,7 @@ import pathlib
 import re
 import tempfile
 
-from workloads import errors, storage
+from workloads.common import errors, storage
 
 _PROMPT_RE = re.compile(r"^(Prob(\d+)_\w+)_prompt\.txt$")
 

@@ -31,7 +31,8 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from workloads import errors, runconfig, storage
+from workloads.common import errors, storage
+from workloads.contract import runconfig
 
 TRANSIENT_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 RECORD_VERSION = 1

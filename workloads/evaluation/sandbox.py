@@ -37,7 +37,7 @@ import subprocess
 import tempfile
 from collections.abc import Sequence
 
-from workloads import errors
+from workloads.common import errors
 
 SANDBOX_DIR = "/sample"
 SANDBOX_UID = 65534  # "nobody" on Debian and Ubuntu

@@ -15,7 +15,8 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from workloads import adapter_meta, errors, runconfig, storage
+from workloads.common import errors, storage
+from workloads.contract import runconfig
 from workloads.merge.verify import (
     LogitsComparison,
     VerifyReport,
@@ -23,6 +24,7 @@ from workloads.merge.verify import (
     read_merge_metadata,
     verify_merged,
 )
+from workloads.model import adapter_meta
 
 if TYPE_CHECKING:
     from workloads.merge.mapping import Rule
@@ -61,7 +63,7 @@ class MergeResult:
         out: the output directory.
         step: the checkpoint step that was merged.
         rank, alpha, targets: the adapters' settings (from lora_meta.json).
-        shards: shard file name -> {"crc32c" (or "sha256", workloads.digest), "bytes"}.
+        shards: shard file name -> {"crc32c" (or "sha256", workloads.common.digest), "bytes"}.
         tensor_bytes: bytes of tensor data written (= the base's).
         merged_tensors: tensors that received a delta.
         copied_tensors: tensors copied bit for bit.
@@ -137,10 +139,10 @@ def _check_distinct(out: str, **inputs: str) -> None:
 
 def _check_base_config(base: str, meta: adapter_meta.AdapterMeta) -> None:
     """The base's config must describe the model the adapters were trained on."""
-    from workloads import model
+    from workloads.model import gemma4
 
-    config = model.read_hf_config(base)
-    ours, trained = model.text_config(config), model.text_config(meta.hf_config)
+    config = gemma4.read_hf_config(base)
+    ours, trained = gemma4.text_config(config), gemma4.text_config(meta.hf_config)
     for key in _SHAPE_KEYS:
         if ours.get(key) != trained.get(key):
             raise errors.UserError(

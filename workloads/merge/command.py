@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from workloads import cli_options, errors, runconfig, storage
+from workloads.common import cli_options, errors, storage
+from workloads.contract import runconfig
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +34,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             "--shard-size", default=None, help="largest output file, e.g. 5GB or 512MiB"
         ),
-        runconfig.MergeSection.model_fields["shard_size"].default,
+        runconfig.MergeRunSection.model_fields["shard_size"].default,
     )
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output")
     parser.add_argument(
@@ -65,10 +66,10 @@ def _from_config(args: argparse.Namespace) -> None:
         if cfg.merge is None:
             raise errors.UserError(f"{args.config}: merge: the run config has no merge section")
         if not args.base:
-            from workloads import model, staged_base
+            from workloads.model import base_weights, gemma4
 
-            base = staged_base.model_dir(cfg.model.base, cfg.model.stage_dir)
-            args.base = str(model.stage(base, cfg.model.stage_dir))
+            base = base_weights.model_dir(cfg.model.base, cfg.model.stage_dir)
+            args.base = str(gemma4.stage(base, cfg.model.stage_dir))
         args.checkpoint = args.checkpoint or cfg.train.checkpoint_dir
         args.out = args.out or cfg.merge.out
         args.step = cfg.merge.step if args.step is None else args.step

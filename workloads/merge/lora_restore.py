@@ -12,7 +12,9 @@ import logging
 
 import numpy as np
 
-from workloads import adapter_meta, errors, runconfig, storage
+from workloads.common import errors, storage
+from workloads.contract import runconfig
+from workloads.model import adapter_meta
 
 ITEM = "model_params"
 

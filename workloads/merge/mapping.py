@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 
-from workloads import errors
+from workloads.common import errors
 from workloads.merge import blas
 
 # The text model's keys in a Gemma4ForConditionalGeneration checkpoint (what tunix loads).

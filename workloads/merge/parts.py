@@ -12,8 +12,8 @@ shard alone. Parallel parts are taken from different shards where there are enou
 
 A LoRA target is cut only at multiples of its delta's row blocks (mapping.ROW_BLOCK rows), so its
 bits do not depend on the cut; a copied tensor anywhere. Each part's checksum covers its own bytes
-and the shard's is their CRC-32C combination (workloads.digest.combine); sha256, which cannot be
-combined, keeps one part per shard.
+and the shard's is their CRC-32C combination (workloads.common.digest.combine); sha256, which cannot
+be combined, keeps one part per shard.
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from workloads import digest, errors, runconfig, storage
+from workloads.common import digest, errors, storage
+from workloads.contract import runconfig
 
 INDEX_FILE = "model.safetensors.index.json"
 _MAX_HEADER = 100 * 1024 * 1024  # what the safetensors library itself accepts
@@ -252,8 +253,8 @@ def _start_writeback(fd: int, offset: int, nbytes: int) -> None:
 
 class HashingWriter:
     """Writes bytes into an existing file from `offset` on while computing their checksum
-    (workloads.digest; no second read of a 5 GB shard). Other writers may fill the rest of the
-    file; whoever owns it fsyncs it once all of them are done.
+    (workloads.common.digest; no second read of a 5 GB shard). Other writers may fill the rest of
+    the file; whoever owns it fsyncs it once all of them are done.
 
     Checksumming and writing run in a background thread (both release the GIL), overlapping with
     the caller computing the next block. The caller fills buffers the writer lends it
@@ -345,7 +346,7 @@ class HashingWriter:
 
 
 def file_digest(path: str, algorithm: str) -> tuple[str, int]:
-    """Checksum (workloads.digest) and size of a local or remote file, read in chunks."""
+    """Checksum (workloads.common.digest) and size of a local or remote file, read in chunks."""
     with _open(path) as handle:
         return digest.of_stream(handle, algorithm)
 

@@ -5,9 +5,9 @@ A part is written in one pass at its offset in the shard's file: the shard's hea
 first part (planned from the base headers, so every offset is known), then its pieces of tensors
 streamed from the base files. A tensor without a LoRA delta is a raw byte copy (never decoded); a
 LoRA target goes block of rows by block of rows: float32(base) + delta, cast back to the tensor's
-dtype (round to nearest even, as torch and ml_dtypes do). The part's checksum (workloads.digest)
-is computed while it is written (HashingWriter); the merge combines the parts' checksums into the
-shard's and fsyncs the shard once its last part is written.
+dtype (round to nearest even, as torch and ml_dtypes do). The part's checksum
+(workloads.common.digest) is computed while it is written (HashingWriter); the merge combines the
+parts' checksums into the shard's and fsyncs the shard once its last part is written.
 
 Memory of one job: one block of rows in float32 and in the base dtype, the writer's two buffers
 and the LoRA factors of the part's own targets, whatever the shard or model size.
@@ -23,7 +23,7 @@ from typing import Protocol
 
 import numpy as np
 
-from workloads import errors
+from workloads.common import errors
 from workloads.merge import mapping
 from workloads.merge import safetensors_io as st
 from workloads.merge.parts import Piece, ShardPart

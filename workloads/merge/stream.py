@@ -38,7 +38,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from workloads import digest, errors, logs, processes, runconfig, storage
+from workloads.common import digest, errors, logs, processes, storage
+from workloads.contract import runconfig
 from workloads.merge import blas, mapping, parts, shard_worker
 from workloads.merge import safetensors_io as st
 from workloads.merge.parts import ShardPart, ShardPlan
@@ -602,7 +603,7 @@ def stream_merge(
         workers: parts of shards written at once, each by a thread of this process; None = one
             per core, at most MAX_DEFAULT_WORKERS. A gs:// base is always read by one (one base
             file staged at a time).
-        log: where notes go (workloads.logs: `merge: ...` on stderr).
+        log: where notes go (workloads.common.logs: `merge: ...` on stderr).
 
     Raises:
         errors.UserError: a target without base tensor or with another shape, a non-empty output,

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from workloads import digest, errors, runconfig, storage
+from workloads.common import digest, errors, storage
+from workloads.contract import runconfig
 from workloads.merge import safetensors_io as st
 
 _CHUNK = 16 * 1024 * 1024
@@ -286,11 +287,11 @@ def single_device_mesh() -> Any:
     """A 1x1 mesh on the first device: what the small CPU comparisons run on."""
     import jax
 
-    from workloads import model as model_lib
+    from workloads.model import gemma4
 
     auto = jax.sharding.AxisType.Auto
     return jax.sharding.Mesh(
-        np.array(jax.devices()[:1]).reshape(1, 1), model_lib.MESH_AXES, axis_types=(auto, auto)
+        np.array(jax.devices()[:1]).reshape(1, 1), gemma4.MESH_AXES, axis_types=(auto, auto)
     )
 
 
@@ -310,14 +311,14 @@ def restore_lora(
     import orbax.checkpoint as ocp
     from tunix.sft import checkpoint_manager
 
-    from workloads import adapter_meta
     from workloads.merge import lora_restore
+    from workloads.model import adapter_meta
     from workloads.train import lora
 
     checkpoint = lora_restore.find_checkpoint_dir(checkpoint)
     meta = adapter_meta.read(checkpoint)
     step = lora_restore.resolve_step(checkpoint, step)
-    settings = runconfig.LoraSection(
+    settings = runconfig.LoraRunSection(
         rank=meta.rank, alpha=meta.alpha, dropout=0.0, targets=meta.targets
     )
     lora_model = lora.apply_lora(base_model, settings, mesh=mesh, seed=seed)
@@ -361,10 +362,10 @@ def compare_logits(
     Returns:
         A LogitsComparison.
     """
-    from workloads import model as model_lib
+    from workloads.model import gemma4
 
     mesh = single_device_mesh()
-    base_model = model_lib.load_model(base, mesh=mesh, dtype=dtype)
+    base_model = gemma4.load_model(base, mesh=mesh, dtype=dtype)
     cfg = base_model.config
     if seq_len is None:
         seq_len = 2 * (cfg.sliding_window_size or 16) + 7
@@ -376,7 +377,7 @@ def compare_logits(
     lora_logits = forward(lora_model, tokens, mesh)
     del base_model, lora_model
 
-    merged_logits = forward(model_lib.load_model(merged, mesh=mesh, dtype=dtype), tokens, mesh)
+    merged_logits = forward(gemma4.load_model(merged, mesh=mesh, dtype=dtype), tokens, mesh)
     return LogitsComparison(
         max_abs_diff=float(np.max(np.abs(merged_logits - lora_logits))),
         lora_effect=float(np.max(np.abs(lora_logits - base_logits))),

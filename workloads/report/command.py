@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from workloads import catalog, cli_options, errors, logs, runconfig, storage
+from workloads.common import cli_options, errors, logs, storage
+from workloads.contract import catalog, runconfig
 from workloads.evaluation import judge
 from workloads.report import costs, summaries
 
@@ -260,7 +261,7 @@ def render_markdown(
         "# Gemma 4 LoRA fine-tune: cost and quality",
         "",
         "Our figures come from this run's records; the paper's are recomputed from its inputs with "
-        "the same formulas (rates from workloads/catalog.py). Missing inputs are shown as "
+        "the same formulas (rates from workloads/contract/catalog.py). Missing inputs are shown as "
         f'"{MISSING}".',
         "",
         "| input | source |",

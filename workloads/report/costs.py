@@ -1,4 +1,4 @@
-"""The cost model: pure functions over the catalog's hourly rates (workloads/catalog.py).
+"""The cost model: pure functions over the catalog's hourly rates (workloads/contract/catalog.py).
 
     train_cost      = hourly rate x training wall hours
     $/1M tokens     = hourly rate / (tokens per second x 3600 / 1e6)
@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from workloads import catalog
+from workloads.contract import catalog
 
 TCO_HOURS: tuple[int, ...] = (1, 8, 24)
 # The paper's long-context serving point: 4096 input / 512 output tokens.

@@ -10,7 +10,7 @@ import io
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from workloads import catalog
+from workloads.contract import catalog
 from workloads.report import costs
 
 _COLORS = {costs.OURS: "#1a73e8", "paper TPU": "#9aa0a6", "paper GPU": "#e8710a"}

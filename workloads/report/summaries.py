@@ -12,14 +12,15 @@ from typing import Any
 
 import pydantic
 
-from workloads import errors, settings
+from workloads.common import errors
+from workloads.contract import settings
 
 _Count = pydantic.NonNegativeInt
 _Seconds = pydantic.NonNegativeFloat
 
 
 class StageRow(pydantic.BaseModel):
-    """One stage of the boot that trained (workloads.stages.summarise)."""
+    """One stage of the boot that trained (workloads.common.stage_records.summarise)."""
 
     model_config = pydantic.ConfigDict(extra="allow", allow_inf_nan=False, strict=False)
 
@@ -51,7 +52,7 @@ class TrainSummary(pydantic.BaseModel):
     )
     steps_this_run: _Count | None = pydantic.Field(None, description="Steps of the last process.")
     stages: list[StageRow] | None = pydantic.Field(
-        None, description="Stages from VM boot to the first step (workloads.stages)."
+        None, description="Stages from VM boot to the first step (workloads.common.stage_records)."
     )
 
     @pydantic.field_validator("steps", "real_tokens", "steps_run", mode="before")

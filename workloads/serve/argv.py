@@ -28,7 +28,7 @@ import re
 from collections.abc import Callable
 from typing import Literal
 
-from workloads import runconfig
+from workloads.contract import runconfig
 
 # Where the host's compile-cache directory appears inside the container (vLLM's default path,
 # and the variable is set too, so both agree).
@@ -78,7 +78,7 @@ class ModelSource:
 
 
 def model_source(
-    serve: runconfig.ServeSection, exists: Callable[[str], bool] = os.path.exists
+    serve: runconfig.ServingRunSection, exists: Callable[[str], bool] = os.path.exists
 ) -> ModelSource:
     """Classifies serve.model_dir.
 
@@ -100,7 +100,7 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def engine_args(serve: runconfig.ServeSection) -> list[str]:
+def engine_args(serve: runconfig.ServingRunSection) -> list[str]:
     """The vLLM server flags after the model, the same for both launchers: the served name, the
     parallelism and length, the batching and memory knobs, the bind address, then
     serve.extra_args."""
@@ -129,7 +129,7 @@ def engine_args(serve: runconfig.ServeSection) -> list[str]:
 
 
 def serve_argv(
-    serve: runconfig.ServeSection, source: ModelSource, *, docker: str = "docker"
+    serve: runconfig.ServingRunSection, source: ModelSource, *, docker: str = "docker"
 ) -> list[str]:
     """`docker run ... --entrypoint vllm IMAGE serve MODEL <engine_args>` for the configured model.
 
@@ -170,14 +170,14 @@ def serve_argv(
     return argv
 
 
-def process_serve_argv(serve: runconfig.ServeSection, source: ModelSource) -> list[str]:
+def process_serve_argv(serve: runconfig.ServingRunSection, source: ModelSource) -> list[str]:
     """The local rehearsal's server: `<serve.engine_python> -m vllm.entrypoints.openai.api_server
     --model MODEL <engine_args>` (what `vllm serve MODEL` runs)."""
     program = [serve.engine_python, "-m", SERVER_MODULE, "--model", source.serve_path]
     return [*program, *engine_args(serve)]
 
 
-def process_env(serve: runconfig.ServeSection, source: ModelSource) -> dict[str, str]:
+def process_env(serve: runconfig.ServingRunSection, source: ModelSource) -> dict[str, str]:
     """Variables the local server process gets on top of the caller's environment: the CPU KV
     cache size, and offline mode for a local model (as the container gets it)."""
     env = {CPU_KV_CACHE_ENV: f"{serve.cpu_kv_cache_gib:g}"}
@@ -186,12 +186,12 @@ def process_env(serve: runconfig.ServeSection, source: ModelSource) -> dict[str,
     return env
 
 
-def stop_argv(serve: runconfig.ServeSection, *, docker: str = "docker") -> list[str]:
+def stop_argv(serve: runconfig.ServingRunSection, *, docker: str = "docker") -> list[str]:
     """`docker stop`: SIGTERM to vLLM, SIGKILL after serve.stop_timeout_s."""
     return [docker, "stop", "-t", str(serve.stop_timeout_s), serve.container_name]
 
 
-def remove_argv(serve: runconfig.ServeSection, *, docker: str = "docker") -> list[str]:
+def remove_argv(serve: runconfig.ServingRunSection, *, docker: str = "docker") -> list[str]:
     """`docker rm -f`: clears a container left over by a crash (its name would be taken)."""
     return [docker, "rm", "-f", serve.container_name]
 
@@ -202,8 +202,8 @@ def format_rate(rate: float) -> str:
 
 
 def bench_args(
-    serve: runconfig.ServeSection,
-    bench: runconfig.BenchSection,
+    serve: runconfig.ServingRunSection,
+    bench: runconfig.BenchRunSection,
     source: ModelSource,
     *,
     input_len: int,
@@ -255,8 +255,8 @@ def bench_args(
 
 
 def bench_argv(
-    serve: runconfig.ServeSection,
-    bench: runconfig.BenchSection,
+    serve: runconfig.ServingRunSection,
+    bench: runconfig.BenchRunSection,
     source: ModelSource,
     *,
     input_len: int,
@@ -284,7 +284,7 @@ def bench_argv(
     return [docker, "exec", serve.container_name, "vllm", "bench", "serve", *args]
 
 
-def local_url(serve: runconfig.ServeSection) -> str:
+def local_url(serve: runconfig.ServingRunSection) -> str:
     """Base URL this host reaches the server at (a wildcard bind address becomes 127.0.0.1)."""
     host = serve.host
     if host in ("0.0.0.0", "::", ""):  # noqa: S104 - a bind address read, not bound

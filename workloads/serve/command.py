@@ -30,9 +30,10 @@ import time
 from collections.abc import Iterator
 from typing import TextIO
 
-from workloads import cli_options, errors, logs, runconfig
+from workloads.common import cli_options, errors, logs
+from workloads.contract import runconfig
 from workloads.serve import argv as argv_lib
-from workloads.serve import compile_cache, readiness, staging
+from workloads.serve import compile_cache, merged_weights, readiness
 
 LOG = logs.get("serve")
 
@@ -53,7 +54,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load_serve(config: str) -> runconfig.ServeSection:
+def load_serve(config: str) -> runconfig.ServingRunSection:
     """The serve section of a run config.
 
     Raises:
@@ -74,7 +75,7 @@ class Container:
 
     def __init__(
         self,
-        serve: runconfig.ServeSection,
+        serve: runconfig.ServingRunSection,
         run_argv: list[str],
         *,
         docker: str = "docker",
@@ -166,7 +167,7 @@ class LocalProcess(Container):
 
     def __init__(
         self,
-        serve: runconfig.ServeSection,
+        serve: runconfig.ServingRunSection,
         run_argv: list[str],
         env: dict[str, str],
         *,
@@ -209,7 +210,7 @@ class LocalProcess(Container):
 
 
 def launch_argv(
-    serve: runconfig.ServeSection, source: argv_lib.ModelSource, *, docker: str = "docker"
+    serve: runconfig.ServingRunSection, source: argv_lib.ModelSource, *, docker: str = "docker"
 ) -> list[str]:
     """The server's command line for serve.launcher (the same vLLM flags either way)."""
     if serve.launcher == "process":
@@ -218,7 +219,7 @@ def launch_argv(
 
 
 def make_server(
-    serve: runconfig.ServeSection,
+    serve: runconfig.ServingRunSection,
     source: argv_lib.ModelSource,
     *,
     docker: str = "docker",
@@ -276,7 +277,9 @@ def stop_signals() -> Iterator[StopFlag]:
 
 
 def prepare_model(
-    serve: runconfig.ServeSection, source: argv_lib.ModelSource, stop: StopFlag | threading.Event
+    serve: runconfig.ServingRunSection,
+    source: argv_lib.ModelSource,
+    stop: StopFlag | threading.Event,
 ) -> bool:
     """Waits for, stages and verifies the weights. False when stopped while waiting."""
     if source.from_hub:
@@ -286,7 +289,7 @@ def prepare_model(
     location = source.location
     if source.kind == "local":
         location = location.removeprefix("file://")
-    if serve.model_wait_timeout_s > 0 and not staging.wait_for_marker(
+    if serve.model_wait_timeout_s > 0 and not merged_weights.wait_for_marker(
         location,
         timeout_s=serve.model_wait_timeout_s,
         poll_s=serve.model_wait_poll_s,
@@ -296,21 +299,24 @@ def prepare_model(
         return False
     start = time.monotonic()
     if source.kind == "remote":
-        report = staging.stage_model(location, source.serve_path, workers=serve.stage_workers)
+        report = merged_weights.stage_model(
+            location, source.serve_path, workers=serve.stage_workers
+        )
         LOG.info(
             f"staged {location} -> {source.serve_path}: {len(report.downloaded)} downloaded "
             f"({report.bytes_downloaded / 1e9:.2f} GB), {len(report.skipped)} already complete, "
             f"{time.monotonic() - start:.0f} s"
         )
     else:
-        staging.verify_local(location, workers=serve.stage_workers)
+        merged_weights.verify_local(location, workers=serve.stage_workers)
         LOG.info(
-            f"verified {location} against {staging.METADATA} ({time.monotonic() - start:.0f} s)"
+            f"verified {location} against {merged_weights.METADATA} "
+            f"({time.monotonic() - start:.0f} s)"
         )
     return True
 
 
-def _restore_cache(serve: runconfig.ServeSection) -> None:
+def _restore_cache(serve: runconfig.ServingRunSection) -> None:
     if not serve.compile_cache_gcs:
         return
     try:
@@ -324,7 +330,7 @@ def _restore_cache(serve: runconfig.ServeSection) -> None:
     LOG.info(f"restored {count} compile cache file(s) from {serve.compile_cache_gcs}")
 
 
-def _sync_cache(serve: runconfig.ServeSection, *, min_age_s: float) -> None:
+def _sync_cache(serve: runconfig.ServingRunSection, *, min_age_s: float) -> None:
     if not serve.compile_cache_gcs:
         return
     try:
@@ -340,7 +346,7 @@ def _sync_cache(serve: runconfig.ServeSection, *, min_age_s: float) -> None:
         LOG.info(f"uploaded {count} compile cache file(s) to {serve.compile_cache_gcs}")
 
 
-def run(serve: runconfig.ServeSection, *, docker: str = "docker") -> int:
+def run(serve: runconfig.ServingRunSection, *, docker: str = "docker") -> int:
     """Runs the whole serve flow in the foreground (see the module docstring).
 
     Returns:
@@ -368,7 +374,9 @@ def run(serve: runconfig.ServeSection, *, docker: str = "docker") -> int:
 
 
 @contextlib.contextmanager
-def serving(serve: runconfig.ServeSection, *, echo: TextIO | None = None) -> Iterator[Container]:
+def serving(
+    serve: runconfig.ServingRunSection, *, echo: TextIO | None = None
+) -> Iterator[Container]:
     """The model served for the length of the block (the demo's serve step): the weights checked,
     the server started by serve.launcher and ready, stopped at the end whatever happens.
 
@@ -394,7 +402,7 @@ def serving(serve: runconfig.ServeSection, *, echo: TextIO | None = None) -> Ite
 
 
 def _serve_until_stopped(
-    serve: runconfig.ServeSection, container: Container, stop: StopFlag | threading.Event
+    serve: runconfig.ServingRunSection, container: Container, stop: StopFlag | threading.Event
 ) -> int:
     url = argv_lib.local_url(serve)
     start = time.monotonic()
@@ -430,7 +438,7 @@ def _serve_until_stopped(
     return 0
 
 
-def describe(serve: runconfig.ServeSection, *, docker: str = "docker") -> str:
+def describe(serve: runconfig.ServingRunSection, *, docker: str = "docker") -> str:
     """The plan --dry-run prints: where the weights come from and the exact docker command."""
     source = argv_lib.model_source(serve)
     lines = [f"model: {source.location} ({source.kind})"]
@@ -438,10 +446,11 @@ def describe(serve: runconfig.ServeSection, *, docker: str = "docker") -> str:
         lines.append(
             f"stage: {source.location} -> {source.serve_path} "
             f"(wait up to {serve.model_wait_timeout_s} s for "
-            f"{' + '.join(staging.MARKERS)}, verify checksums from {staging.METADATA})"
+            f"{' + '.join(merged_weights.MARKERS)}, "
+            f"verify checksums from {merged_weights.METADATA})"
         )
     elif source.kind == "local":
-        lines.append(f"verify: {source.serve_path} against {staging.METADATA}")
+        lines.append(f"verify: {source.serve_path} against {merged_weights.METADATA}")
     if serve.compile_cache_gcs:
         lines.append(
             f"compile cache: {serve.compile_cache_gcs} <-> {serve.compile_cache_dir} "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pathlib
 
-from workloads import storage
+from workloads.common import storage
 
 
 def restore(remote: str, local_dir: str) -> int:

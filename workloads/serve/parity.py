@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from workloads import errors
+from workloads.common import errors
 from workloads.evaluation import sampling
 
 # Prompts of Verilog-ish text, tokenized by the model's own tokenizer; short, so a CPU decodes
@@ -113,12 +113,12 @@ def lora_greedy(
 ) -> list[list[int]]:
     """Greedy continuations from the run's LoRA model (float32, CPU): the base model with the
     adapters restored from `checkpoint` by the training code's own restore path."""
-    from workloads import model as model_lib
     from workloads.merge import verify
+    from workloads.model import gemma4
 
     mesh = verify.single_device_mesh()
     model = verify.restore_lora(
-        model_lib.load_model(base, mesh=mesh, dtype="float32"), checkpoint, step=step, mesh=mesh
+        gemma4.load_model(base, mesh=mesh, dtype="float32"), checkpoint, step=step, mesh=mesh
     )
     return greedy(model, mesh, prompts, new_tokens)
 

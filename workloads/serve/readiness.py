@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
-from workloads import errors
+from workloads.common import errors
 
 
 class NotReadyError(errors.UserError):

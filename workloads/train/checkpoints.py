@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from workloads import adapter_meta, errors, runconfig, storage
+from workloads.common import errors, storage
+from workloads.contract import runconfig
+from workloads.model import adapter_meta
 
 
 def saved_steps(checkpoint_dir: str) -> list[int]:
@@ -55,7 +57,9 @@ def check_checkpoint_dir(cfg: runconfig.RunConfig) -> bool:
     return False
 
 
-def options(train: runconfig.TrainSection, on_finalized: Callable[[], None] | None = None) -> Any:
+def options(
+    train: runconfig.TrainingRunSection, on_finalized: Callable[[], None] | None = None
+) -> Any:
     """Every `save_every` steps (and when JAX reports a preemption), keeping `keep_checkpoints`.
 
     `on_finalized` runs on the primary process once a step's files are all written, before the

@@ -3,8 +3,8 @@ merge reads it.
 
 A bit flip in a checkpoint's array data can decode to finite garbage (values up to 1e37), which
 reads back, holds no NaN, and trains on or merges without a word. So every step this version
-saves carries `<step>/checksums.json`, the relative path, size and CRC-32C (workloads.digest) of
-every file of the step (sha256 where google-crc32c has no C extension):
+saves carries `<step>/checksums.json`, the relative path, size and CRC-32C (workloads.common.digest)
+of every file of the step (sha256 where google-crc32c has no C extension):
 
     {"format": 1, "step": 8, "algorithm": "crc32c",
      "files": {"model_params/_METADATA": {"crc32c": "1a2b3c4d", "bytes": 2310},
@@ -30,7 +30,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from workloads import digest, errors, logs, runconfig, storage
+from workloads.common import digest, errors, logs, storage
+from workloads.contract import runconfig
 
 MANIFEST = "checksums.json"
 FORMAT = 1

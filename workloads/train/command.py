@@ -15,7 +15,8 @@ import contextlib
 import os
 from typing import Any
 
-from workloads import cli_options, runconfig
+from workloads.common import cli_options
+from workloads.contract import runconfig
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:

@@ -30,8 +30,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from workloads import errors, runconfig
-from workloads import model as model_lib
+from workloads.common import errors
+from workloads.contract import runconfig
+from workloads.model import gemma4
 from workloads.train import compile_step, packed_attention
 from workloads.train import lora as lora_lib
 from workloads.train import step as step_lib
@@ -71,7 +72,7 @@ def lower_step(
     from flax import nnx
     from tunix.models.gemma4 import model as gemma4_model
 
-    model_cfg = model_lib.tunix_config_from_hf(hf_config, dtype=cfg.model.dtype)
+    model_cfg = gemma4.tunix_config_from_hf(hf_config, dtype=cfg.model.dtype)
     schedule = step_lib.learning_rate_schedule(cfg.train, total_steps)
     with mesh:
 
@@ -80,7 +81,7 @@ def lower_step(
             return lora_lib.apply_lora(base, cfg.lora, mesh=mesh, seed=cfg.data.seed)
 
         model = nnx.eval_shape(build)
-        model_lib.set_remat(model, cfg.train.remat)
+        gemma4.set_remat(model, cfg.train.remat)
         if kernel:
             packed_attention.use_kernel(model)
         compile_step._with_shardings(model, mesh)

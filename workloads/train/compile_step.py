@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from workloads import catalog, errors, runconfig
-from workloads import model as model_lib
+from workloads.common import errors
+from workloads.contract import catalog, runconfig
+from workloads.model import gemma4
 from workloads.train import lora as lora_lib
 from workloads.train import packed_attention
 from workloads.train import step as step_lib
@@ -114,7 +115,7 @@ def make_mesh(devices: list[jax.Device], fsdp: int, tp: int) -> jax.sharding.Mes
         )
     auto = jax.sharding.AxisType.Auto
     grid = np.array(devices).reshape(fsdp, tp)
-    return jax.sharding.Mesh(grid, model_lib.MESH_AXES, axis_types=(auto, auto))
+    return jax.sharding.Mesh(grid, gemma4.MESH_AXES, axis_types=(auto, auto))
 
 
 @contextlib.contextmanager
@@ -144,7 +145,7 @@ def tpu_activation_sharding() -> Iterator[None]:
 def sliced_hf_config(hf_config: dict[str, Any], layers: int) -> dict[str, Any]:
     """The same model cut to its first `layers` decoder layers (same per-layer shapes, same
     sliding:global pattern)."""
-    text = dict(model_lib.text_config(hf_config))
+    text = dict(gemma4.text_config(hf_config))
     types = text.get("layer_types")
     text["num_hidden_layers"] = layers
     if types:
@@ -206,10 +207,10 @@ def compile_train_step(
     from tunix.models.gemma4 import model as gemma4_model
 
     started = time.time()
-    model_cfg = model_lib.tunix_config_from_hf(
+    model_cfg = gemma4.tunix_config_from_hf(
         sliced_hf_config(hf_config, layers), dtype=cfg.model.dtype
     )
-    model_lib.check_tp(model_cfg, cfg.train.mesh.tp)
+    gemma4.check_tp(model_cfg, cfg.train.mesh.tp)
     mesh = make_mesh(topology_devices(accelerator), cfg.train.mesh.fsdp, cfg.train.mesh.tp)
     if cfg.train.micro_batch % cfg.train.mesh.fsdp:
         raise errors.UserError(
@@ -225,7 +226,7 @@ def compile_train_step(
             return lora_lib.apply_lora(base, cfg.lora, mesh=mesh, seed=cfg.data.seed)
 
         model = nnx.eval_shape(build)
-        model_lib.set_remat(model, cfg.train.remat)
+        gemma4.set_remat(model, cfg.train.remat)
         if cfg.train.attention == "kernel":
             packed_attention.use_kernel(model)
         _with_shardings(model, mesh)

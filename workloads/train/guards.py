@@ -20,7 +20,7 @@ import sys
 import warnings
 from typing import Any
 
-from workloads import errors, storage
+from workloads.common import errors, storage
 
 # Distinct from 0 (done), 2 (bad input) and 143 (SIGTERM after a checkpoint).
 EXIT_NON_FINITE = 3

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import jax
     from flax import nnx
 
-    from workloads import runconfig
+    from workloads.contract import runconfig
 
 DROPOUT_STREAM = "dropout"
 
@@ -66,7 +66,7 @@ def fix_lora_sharding(model: nnx.Module, mesh: jax.sharding.Mesh) -> None:
 
 def apply_lora(
     model: nnx.Module,
-    lora: runconfig.LoraSection,
+    lora: runconfig.LoraRunSection,
     *,
     mesh: jax.sharding.Mesh,
     seed: int,

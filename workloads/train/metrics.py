@@ -21,7 +21,8 @@ import time
 import uuid
 from typing import Any
 
-from workloads import catalog, runconfig, storage
+from workloads.common import storage
+from workloads.contract import catalog, runconfig
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "train_summary.json"

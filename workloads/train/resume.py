@@ -21,7 +21,8 @@ from __future__ import annotations
 import datetime
 from collections.abc import Callable
 
-from workloads import errors, runconfig, storage
+from workloads.common import errors, storage
+from workloads.contract import runconfig
 from workloads.merge import lora_restore
 from workloads.train import checkpoints, checksums
 
@@ -103,7 +104,7 @@ def _move_aside(output_dir: str, checkpoint_dir: str, step: int) -> str:
 
 
 def choose_step(
-    train: runconfig.TrainSection,
+    train: runconfig.TrainingRunSection,
     *,
     fresh_optimizer_state: bool,
     move_damaged: bool,

@@ -26,7 +26,8 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from workloads import errors, runconfig, storage
+from workloads.common import errors, storage
+from workloads.contract import runconfig
 
 LOCK_FILE = "train.lock"
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import flax.struct
 
-from workloads import runconfig
+from workloads.contract import runconfig
 from workloads.train import checkpoints, checksums, packed_attention, vocab_loss
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ def loss_fn(
     return loss, {"real_tokens": jnp.sum(segment_ids != 0)}
 
 
-def learning_rate_schedule(train: runconfig.TrainSection, total_steps: int) -> optax.Schedule:
+def learning_rate_schedule(train: runconfig.TrainingRunSection, total_steps: int) -> optax.Schedule:
     """Linear warm-up from 0 to train.learning_rate, then cosine decay to 0 at total_steps."""
     import optax
 
@@ -132,7 +132,7 @@ def learning_rate_schedule(train: runconfig.TrainSection, total_steps: int) -> o
 
 
 def make_optimizer(
-    train: runconfig.TrainSection, schedule: optax.Schedule
+    train: runconfig.TrainingRunSection, schedule: optax.Schedule
 ) -> optax.GradientTransformation:
     """AdamW (optional global-norm clipping first); PeftTrainer adds gradient accumulation."""
     import optax
@@ -268,7 +268,7 @@ class TrainableOnlyStep:
 
 def make_trainer(
     model: nnx.Module,
-    train_cfg: runconfig.TrainSection,
+    train_cfg: runconfig.TrainingRunSection,
     schedule: optax.Schedule,
     checkpoint_dir: str | None,
 ) -> Any:

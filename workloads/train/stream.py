@@ -16,7 +16,7 @@ BATCH_FIELDS = ("tokens", "segment_ids", "positions", "loss_mask")
 # Mesh axes a micro-batch's rows are split over (PeftTrainer shards its inputs along them).
 
 
-class PreparedData(Protocol):
+class BatchSource(Protocol):
     """What workloads.data.pipeline.prepare returns; tests may pass their own."""
 
     @property
@@ -45,7 +45,7 @@ class Stream:
 
     def __init__(
         self,
-        data: PreparedData,
+        data: BatchSource,
         *,
         total_micro: int,
         grad_accum: int,

@@ -13,8 +13,8 @@ time of a preempted and resumed run covers all its processes and its tokens coun
 the final trajectory once.
 
 The stages of set-up and loop (data, load, compile, first_step) are stage records
-(workloads.stages): on a VM appended to the host's file next to the startup script's, which
-`ops status` shows; train_summary.json keeps the boot's stages.
+(workloads.common.stage_records): on a VM appended to the host's file next to the startup script's,
+which `ops status` shows; train_summary.json keeps the boot's stages.
 """
 
 from __future__ import annotations
@@ -29,18 +29,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from workloads import (
-    adapter_meta,
-    catalog,
-    errors,
-    logs,
-    parallel_load,
-    runconfig,
-    staged_base,
-    stages,
-    storage,
-)
-from workloads import model as model_lib
+from workloads.common import errors, logs, stage_records, storage
+from workloads.contract import catalog, runconfig
+from workloads.model import adapter_meta, base_weights, gemma4, parallel_load
 from workloads.train import (
     checkpoints,
     compile_ahead,
@@ -108,7 +99,7 @@ class TrainResult:
 _say = logs.say("train")  # notes as `train: ...` on stderr; the metrics lines stay on stdout
 
 
-def load_data(cfg: runconfig.RunConfig, model_dir: str) -> stream_lib.PreparedData:
+def load_data(cfg: runconfig.RunConfig, model_dir: str) -> stream_lib.BatchSource:
     """Reads, renders and packs the dataset with the base model's tokenizer (workloads.data)."""
     import jax
 
@@ -131,7 +122,7 @@ def load_data(cfg: runconfig.RunConfig, model_dir: str) -> stream_lib.PreparedDa
     )
 
 
-def total_optimizer_steps(cfg: runconfig.RunConfig, data: stream_lib.PreparedData) -> int:
+def total_optimizer_steps(cfg: runconfig.RunConfig, data: stream_lib.BatchSource) -> int:
     """train.max_steps, or as many whole optimizer steps as `train.epochs` epochs hold.
 
     Raises:
@@ -155,9 +146,9 @@ def build_lora_model(
     """The base model with adapters, sharded on the mesh. Returns it and the base's size."""
     with mesh:  # no host copy for matching dtypes, transfers in parallel (parallel_load)
         base = parallel_load.load_model(model_dir, mesh=mesh, dtype=cfg.model.dtype)
-    base_params = model_lib.parameter_count(base)
+    base_params = gemma4.parameter_count(base)
     model = lora_lib.apply_lora(base, cfg.lora, mesh=mesh, seed=cfg.data.seed)
-    model_lib.set_remat(model, cfg.train.remat)
+    gemma4.set_remat(model, cfg.train.remat)
     if uses_kernel(cfg, mesh):
         packed_attention.use_kernel(model)
     return model, base_params
@@ -190,7 +181,7 @@ class _StepMetrics:
         segment: metrics_lib.Segment,
         last_step: int,
         resumed_from: int,
-        stage_log: stages.StageLog | None = None,
+        stage_log: stage_records.StageLog | None = None,
     ):
         self.cfg = cfg
         self.stage_log = stage_log
@@ -301,7 +292,7 @@ class _Prepared:
     cfg: runconfig.RunConfig
     mesh: jax.sharding.Mesh
     hf_config: dict[str, Any]
-    data: stream_lib.PreparedData
+    data: stream_lib.BatchSource
     total_steps: int
     model: nnx.Module
     base_params: int
@@ -310,7 +301,9 @@ class _Prepared:
     started: float
     resume_step: int  # the newest intact checkpoint (0: none)
     lock: runlock.RunLock | None  # held by the writing process until the run ends
-    stage_log: stages.StageLog  # data, load, compile, first_step (workloads.stages)
+    stage_log: (
+        stage_records.StageLog
+    )  # data, load, compile, first_step (workloads.common.stage_records)
     ahead: compile_ahead.CompileAhead | None = None  # the step compiling beside the loading
 
 
@@ -330,7 +323,7 @@ class _Loop:
 def train(
     cfg: runconfig.RunConfig,
     *,
-    data: stream_lib.PreparedData | None = None,
+    data: stream_lib.BatchSource | None = None,
     stop_after_steps: int | None = None,
     log: Callable[[str], None] = _say,
     handle_sigterm: bool = True,
@@ -360,7 +353,7 @@ def train(
     """
     # On a VM ($GEMMA4_STAGES_FILE) these go to the host's stage records next to the startup
     # script's; `ops status` and train_summary.json show them.
-    stage_log = stages.StageLog.from_env("trainer", log=log)
+    stage_log = stage_records.StageLog.from_env("trainer", log=log)
     prepared = _set_up(cfg, data, log, fresh_optimizer_state, stage_log)
     if isinstance(prepared, TrainResult):
         return prepared  # a finished run started again
@@ -379,7 +372,7 @@ def train(
             prepared.lock.release()
 
 
-def _disk_full(train_cfg: runconfig.TrainSection) -> errors.UserError:
+def _disk_full(train_cfg: runconfig.TrainingRunSection) -> errors.UserError:
     """The one line for a full disk: the half-written save is removed first (it only holds
     space; the next run removes what writer threads still left), so the free space named is
     what the user has to work with."""
@@ -391,10 +384,10 @@ def _disk_full(train_cfg: runconfig.TrainSection) -> errors.UserError:
 
 def _set_up(
     cfg: runconfig.RunConfig,
-    data: stream_lib.PreparedData | None,
+    data: stream_lib.BatchSource | None,
     log: Callable[[str], None],
     fresh_optimizer_state: bool,
-    stage_log: stages.StageLog,
+    stage_log: stage_records.StageLog,
 ) -> _Prepared | TrainResult:
     """Cheap checks first (config.json is read in place, even on gs://), then the run
     directory's lock (the writing process), staging, data, the checkpoint to resume from and
@@ -404,10 +397,10 @@ def _set_up(
 
     started = time.time()
     train_cfg = cfg.train
-    base = staged_base.model_dir(cfg.model.base, cfg.model.stage_dir, before_weights=True)
-    hf_config = model_lib.read_hf_config(base)
-    model_lib.check_tp(model_lib.tunix_config_from_hf(hf_config), train_cfg.mesh.tp)
-    mesh = model_lib.make_mesh(train_cfg.mesh.fsdp, train_cfg.mesh.tp)
+    base = base_weights.model_dir(cfg.model.base, cfg.model.stage_dir, before_weights=True)
+    hf_config = gemma4.read_hf_config(base)
+    gemma4.check_tp(gemma4.tunix_config_from_hf(hf_config), train_cfg.mesh.tp)
+    mesh = gemma4.make_mesh(train_cfg.mesh.fsdp, train_cfg.mesh.tp)
     has_meta = checkpoints.check_checkpoint_dir(cfg)
     primary = jax.process_index() == 0
     lock = runlock.RunLock(train_cfg.output_dir, log) if primary else None
@@ -435,7 +428,7 @@ def _set_up(
 
 def _set_up_locked(
     cfg: runconfig.RunConfig,
-    data: stream_lib.PreparedData | None,
+    data: stream_lib.BatchSource | None,
     log: Callable[[str], None],
     fresh_optimizer_state: bool,
     hf_config: dict[str, Any],
@@ -444,17 +437,17 @@ def _set_up_locked(
     lock: runlock.RunLock | None,
     started: float,
     base: str,
-    stage_log: stages.StageLog,
+    stage_log: stage_records.StageLog,
 ) -> _Prepared | TrainResult:
     import jax
 
     train_cfg = cfg.train
     primary = jax.process_index() == 0
-    model_lib.set_compilation_cache(train_cfg.compile_cache_dir)
+    gemma4.set_compilation_cache(train_cfg.compile_cache_dir)
     # A URL the startup script did not stage (a run off the VMs) is copied here: stage weights.
     copying = storage.is_remote(base)
     with stage_log.stage("weights") if copying else contextlib.nullcontext():
-        model_dir = model_lib.stage(base, cfg.model.stage_dir)
+        model_dir = gemma4.stage(base, cfg.model.stage_dir)
     if data is None:
         with stage_log.stage("data"):
             data = load_data(cfg, str(model_dir))
@@ -498,10 +491,10 @@ def _set_up_locked(
         cfg, hf_config, mesh, total_steps, kernel=uses_kernel(cfg, mesh), log=log
     )
     # On a new VM the host is ready before its weights are whole: wait for them here, after the
-    # data and with the step compiling (workloads.staged_base).
-    if staged_base.weights_pending(str(model_dir), cfg.model.stage_dir):
+    # data and with the step compiling (workloads.model.base_weights).
+    if base_weights.weights_pending(str(model_dir), cfg.model.stage_dir):
         with stage_log.stage("weights_wait"):
-            staged_base.wait_for_weights(cfg.model.stage_dir, log=log)
+            base_weights.wait_for_weights(cfg.model.stage_dir, log=log)
     log(
         f"loading {model_dir} ({cfg.model.dtype}) on mesh fsdp={train_cfg.mesh.fsdp} "
         f"tp={train_cfg.mesh.tp} ({jax.device_count()} {jax.devices()[0].platform} devices)"
@@ -750,7 +743,8 @@ def _summarise(prepared: _Prepared, loop: _Loop, log: Callable[[str], None]) -> 
         "checkpoint_dir": train_cfg.checkpoint_dir,
         "checkpoint_steps": ckpt_steps,
         "data": _stats_dict(prepared.data),
-        # This boot's stages, from VM boot (startup script) to the first step (workloads.stages).
+        # This boot's stages, from VM boot (startup script) to the first step
+        # (workloads.common.stage_records).
         "stages": prepared.stage_log.rows(),
     }
     interrupted = final_step < prepared.total_steps
@@ -772,7 +766,7 @@ def read_summary(output_dir: str) -> dict[str, Any]:
     return json.loads(storage.read_text(path)) if storage.exists(path) else {}
 
 
-def _stats_dict(data: stream_lib.PreparedData) -> dict[str, Any] | None:
+def _stats_dict(data: stream_lib.BatchSource) -> dict[str, Any] | None:
     """The data pipeline's counts (DataStats) as plain JSON values."""
     stats = getattr(data, "stats", None)
     if stats is None or not dataclasses.is_dataclass(stats) or isinstance(stats, type):

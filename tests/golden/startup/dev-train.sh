@@ -11,7 +11,7 @@ readonly VENV_DIR=/opt/gemma4/venv
 readonly READY_MARKER=/var/lib/gemma4/ready
 readonly ENV_FILE=/etc/gemma4/env
 readonly LOG_FILE=/var/log/gemma4-startup.log
-# Stage records (workloads/stages.py documents the format): one JSON line per start and end.
+# Stage records (workloads/common/stage_records.py documents the format): one JSON line per start and end.
 readonly STAGES_FILE=/var/lib/gemma4/stages.jsonl
 # This script, kept on the VM so the jobs after ready can run it as their own systemd unit.
 readonly SCRIPT_COPY=/var/lib/gemma4/startup.sh
@@ -682,7 +682,7 @@ wait_for_model_in_bucket() {
 }
 
 # The weights go to RAM-backed /dev/shm (the boot disk has no room), in parallel, once per VM.
-# Markers beside $STAGE_DIR, which the trainer reads (workloads/staged_base.py): .staging (the
+# Markers beside $STAGE_DIR, which the trainer reads (workloads/model/base_weights.py): .staging (the
 # staging shell's PID) while it runs, .files once the config and tokenizer are there (ready
 # waits for those only), .staged when the weights are whole, .failed (the reason) if it stopped.
 ensure_base_model() {

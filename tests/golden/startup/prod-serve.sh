@@ -11,7 +11,7 @@ readonly VENV_DIR=/opt/gemma4/venv
 readonly READY_MARKER=/var/lib/gemma4/ready
 readonly ENV_FILE=/etc/gemma4/env
 readonly LOG_FILE=/var/log/gemma4-startup.log
-# Stage records (workloads/stages.py documents the format): one JSON line per start and end.
+# Stage records (workloads/common/stage_records.py documents the format): one JSON line per start and end.
 readonly STAGES_FILE=/var/lib/gemma4/stages.jsonl
 # This script, kept on the VM so the jobs after ready can run it as their own systemd unit.
 readonly SCRIPT_COPY=/var/lib/gemma4/startup.sh

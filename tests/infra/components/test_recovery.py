@@ -168,7 +168,7 @@ def test_the_source_it_runs_is_this_checkout(rec, tmp_path: pathlib.Path) -> Non
     with tarfile.open(archive) as tar:
         names = tar.getnames()
     assert "Pulumi.yaml" in names and "Pulumi.dev.yaml" in names and "pyproject.toml" in names
-    assert "infra/program.py" in names and "workloads/catalog.py" in names
+    assert "infra/program.py" in names and "workloads/contract/catalog.py" in names
     assert "Pulumi.prod.yaml" not in names
     assert not any(n.startswith((".venv", ".git/", ".whl")) or "__pycache__" in n for n in names)
     # Byte-for-byte the same when built again (the controller's own `up` changes nothing).

@@ -14,7 +14,7 @@ from infra.components import stack_deployments
 from infra.config import runconfig_render, stack_config
 from infra.ops import cli as ops
 from tests.fixtures import pulumi_mocks
-from workloads import runconfig
+from workloads.contract import runconfig
 
 DYNAMIC = "pulumi-python:dynamic/gemma4:SshDeployment"
 COMPONENT = "gemma4-tpu:infra:WorkloadsDeployment"

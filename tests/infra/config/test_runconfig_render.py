@@ -6,7 +6,7 @@ import yaml
 
 from infra.config import runconfig_render, stack_config
 from tests.fixtures import pulumi_mocks
-from workloads import runconfig
+from workloads.contract import runconfig
 
 
 def _render(stack):

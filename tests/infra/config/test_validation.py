@@ -10,7 +10,7 @@ import pytest
 from infra.config import model as config
 from infra.config import sizing, stack_config, validation
 from tests.fixtures import pulumi_mocks
-from workloads import catalog
+from workloads.contract import catalog
 
 
 def _merge(base: dict, override: dict) -> dict:
@@ -776,7 +776,7 @@ def test_estimates_for_the_papers_setup():
     per_token = sizing.serving_kv_bytes_per_token_per_chip(model, 8)
     assert per_token == (50 * 2 * 2 * 256 + 10 * 2 * 1 * 512) * 2
     # LoRA parameters of the paper's targets at rank 64: ~0.46 B.
-    count = sizing.lora_param_count(model, 64, config.LoraSection().targets)
+    count = sizing.lora_param_count(model, 64, config.LoraStackSection().targets)
     assert 0.4e9 < count < 0.5e9
 
 

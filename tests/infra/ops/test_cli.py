@@ -22,7 +22,7 @@ from infra.ops import cli as ops
 from infra.resources import ssh_access
 from infra.resources.deployment_record import VmInfo
 from tests.fixtures.sshd import Worker
-from workloads import stages
+from workloads.common import stage_records
 
 
 def _info(workers: list[Worker], **extra: Any) -> dict[str, Any]:
@@ -110,12 +110,12 @@ def test_status_shows_tpu_state_units_and_last_step(
     # The stages the startup script and the trainer recorded: the node's first boot shows its
     # create-to-boot time from the Cloud TPU API.
     created = CREATED.timestamp()
-    log = stages.StageLog(str(stages_file), "startup", boot="boot-1")
+    log = stage_records.StageLog(str(stages_file), "startup", boot="boot-1")
     log.start("boot", at=created + 95.0)
     log.end("boot", seconds=20.0)
     log.start("venv", at=created + 115.0)
     log.end("venv", seconds=8.5, note="restored from gs://b/venv/train-0123.tar.gz")
-    stages.StageLog(str(stages_file), "trainer", boot="boot-1").start("compile")
+    stage_records.StageLog(str(stages_file), "trainer", boot="boot-1").start("compile")
     code, out, _ = _main(["--outputs", outputs, "status"], capsys, tpu_client_factory=FakeTpu)
     label = f"[gemma4-train w0 {worker.host}]"
     lines = out[out.index(f"  {label} stages of the latest boot:") :].splitlines()
@@ -128,7 +128,7 @@ def test_status_shows_tpu_state_units_and_last_step(
     assert lines[4].startswith("    compile         started ") and "running for" in lines[4]
 
     # A later boot of the same node: its stages only, and no create-to-boot (not its first).
-    later = stages.StageLog(str(stages_file), "startup", boot="boot-2")
+    later = stage_records.StageLog(str(stages_file), "startup", boot="boot-2")
     later.start("boot", at=created + 7200.0)
     later.end("boot", seconds=30.0)
     code, out, _ = _main(["--outputs", outputs, "status"], capsys, tpu_client_factory=FakeTpu)

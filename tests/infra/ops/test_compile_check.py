@@ -13,7 +13,7 @@ import pytest
 from infra.config import stack_config
 from infra.ops import compile_check, preflight
 from tests.fixtures import pulumi_mocks
-from workloads import catalog
+from workloads.contract import catalog
 
 GIB = 2**30
 

@@ -16,7 +16,8 @@ from google.api_core import exceptions as api_exceptions
 from infra.ops import cli as ops
 from infra.ops import cost
 from infra.tpu import api as tpu_api
-from workloads import catalog, cli_options
+from workloads.common import cli_options
+from workloads.contract import catalog
 
 NOW = datetime.datetime(2026, 11, 25, 12, 0, tzinfo=datetime.UTC)
 

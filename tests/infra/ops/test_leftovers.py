@@ -16,7 +16,7 @@ from google.cloud import tpu_v2
 from infra.ops import cli as ops
 from infra.ops import leftovers
 from infra.tpu import api as tpu_api
-from workloads import catalog
+from workloads.contract import catalog
 
 NOW = datetime.datetime(2026, 11, 25, 12, 0, tzinfo=datetime.UTC)
 MINE = {"app": "gemma4-tpu", "stack": "prod", "role": "train", "run": "r1"}

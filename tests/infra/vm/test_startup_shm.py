@@ -13,7 +13,7 @@ from infra.config import sizing, stack_config
 from infra.vm import startup, templating
 from tests.fixtures import pulumi_mocks
 from tests.infra.vm.test_startup_idempotent import _run
-from workloads import catalog
+from workloads.contract import catalog
 
 GIB = 2**30
 # df prints the size the fake mount recorded last (or the initial one).

@@ -1,8 +1,8 @@
 """The training startup script's stages and what runs after ready, for real in bash against fakes
 of `gcloud`, `hf`, `systemd-run`, `systemctl` and Python 3.11 on PATH.
 
-- every stage is a start and an end line in the stages file, in the format workloads.stages
-  reads (a stage set -e stopped is ended "ok": false);
+- every stage is a start and an end line in the stages file, in the format
+  workloads.common.stage_records reads (a stage set -e stopped is ended "ok": false);
 - the hub download uses Xet's high-performance mode and all shards at once, and does not
   upload: the upload runs after ready as its own unit, its marker written last; an upload cut
   short leaves no marker, so the next VM downloads again instead of using a partial copy;
@@ -23,7 +23,7 @@ from infra.config import stack_config
 from infra.vm import startup, templating
 from tests.fixtures import pulumi_mocks
 from tests.infra.vm.test_startup_idempotent import _functions, _run
-from workloads import stages
+from workloads.common import stage_records
 
 DIGEST_KEY = "requirements_digest"
 
@@ -182,8 +182,8 @@ class VM:
         return path.read_text().splitlines() if path.exists() else []
 
     def rows(self) -> dict[str, dict]:
-        records = stages.read_records(str(self.state / "stages.jsonl"))
-        return {row["stage"]: row for row in stages.summarise(records)}
+        records = stage_records.read_records(str(self.state / "stages.jsonl"))
+        return {row["stage"]: row for row in stage_records.summarise(records)}
 
     def new_vm(self) -> None:
         """The VM is replaced: a new disk and RAM, the same bucket."""
@@ -203,7 +203,7 @@ def test_stages_are_json_lines_workloads_stages_reads_and_a_stopped_stage_is_not
     )
     rc, output = vm.run(call)
     assert rc != 0, output
-    records = stages.read_records(str(vm.state / "stages.jsonl"))
+    records = stage_records.read_records(str(vm.state / "stages.jsonl"))
     assert len(records) == 6  # every line is valid JSON
     assert {r["boot"] for r in records} == {"boot-1"} and {r["source"] for r in records} == {
         "startup"

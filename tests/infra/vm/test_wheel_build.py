@@ -44,7 +44,8 @@ def _metadata(wheel: pathlib.Path) -> email.message.Message:
 def test_same_source_gives_the_same_bytes(tmp_path: pathlib.Path) -> None:
     a = wheel_build.build(REPO, tmp_path / "a")
     copy = _copy_sources(tmp_path / "copy")
-    os.utime(copy / "workloads" / "cli.py", (1_900_000_000, 1_900_000_000))  # a later mtime
+    # a later mtime
+    os.utime(copy / "workloads" / "cli" / "__init__.py", (1_900_000_000, 1_900_000_000))
     b = wheel_build.build(copy, tmp_path / "b")
     assert a.name == b.name == "gemma4_tpu-0.1.0-py3-none-any.whl"
     assert a.read_bytes() == b.read_bytes()
@@ -58,8 +59,8 @@ def test_same_source_gives_the_same_bytes(tmp_path: pathlib.Path) -> None:
 def test_a_changed_file_changes_the_wheel(tmp_path: pathlib.Path) -> None:
     copy = _copy_sources(tmp_path / "copy")
     before = workloads_wheel.wheel_hash(wheel_build.build(copy, tmp_path / "a"))
-    (copy / "workloads" / "errors.py").write_text(
-        (copy / "workloads" / "errors.py").read_text() + "\n# edited\n"
+    (copy / "workloads" / "common" / "errors.py").write_text(
+        (copy / "workloads" / "common" / "errors.py").read_text() + "\n# edited\n"
     )
     assert workloads_wheel.wheel_hash(wheel_build.build(copy, tmp_path / "b")) != before
 
@@ -118,7 +119,7 @@ def test_pip_installs_it_with_its_entry_point(tmp_path: pathlib.Path) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert (target / "workloads" / "runconfig.py").is_file()
+    assert (target / "workloads" / "contract" / "runconfig.py").is_file()
     assert (target / "bin" / "gemma4-workloads").is_file()
     assert os.access(target / "bin" / "gemma4-workloads", os.X_OK)
 

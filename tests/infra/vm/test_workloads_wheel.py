@@ -48,7 +48,7 @@ def test_build_is_cached_by_source_hash(tmp_path: pathlib.Path) -> None:
     first = workloads_wheel.build_wheel(src, cache)
     assert pathlib.Path(first.path).name.endswith("-py3-none-any.whl")
     with zipfile.ZipFile(first.path) as archive:
-        assert "workloads/runconfig.py" in archive.namelist()
+        assert "workloads/contract/runconfig.py" in archive.namelist()
     started = time.monotonic()
     assert workloads_wheel.build_wheel(src, cache) == first  # same sources: the cached wheel
     assert time.monotonic() - started < 1.0

@@ -14,7 +14,7 @@ import pathlib
 import struct
 from typing import TYPE_CHECKING, Any
 
-from workloads import errors, storage
+from workloads.common import errors, storage
 
 if TYPE_CHECKING:  # heavy imports stay inside the functions
     import jax

@@ -1,5 +1,5 @@
-"""Stage records (workloads.stages): appended from several writers, read back per boot, a torn
-line skipped, a stage cut short shown as such."""
+"""Stage records (workloads.common.stage_records): appended from several writers, read back per
+boot, a torn line skipped, a stage cut short shown as such."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pathlib
 
 import pytest
 
-from workloads import stages
+from workloads.common import stage_records
 
 
 def _write_many(path: str, source: str, count: int) -> None:
-    log = stages.StageLog(path, source, boot="b1")
+    log = stage_records.StageLog(path, source, boot="b1")
     for i in range(count):
         log.start(f"{source}-{i}")
         log.end(f"{source}-{i}", note="x" * 200)
@@ -36,19 +36,19 @@ def test_rows_of_the_latest_boot_in_boot_order_with_notes_and_failures(
     tmp_path: pathlib.Path,
 ) -> None:
     path = str(tmp_path / "stages.jsonl")
-    old = stages.StageLog(path, "startup", boot="old")
+    old = stage_records.StageLog(path, "startup", boot="old")
     old.start("venv", at=100.0)
     old.end("venv")
-    new = stages.StageLog(path, "startup", boot="new")
+    new = stage_records.StageLog(path, "startup", boot="new")
     new.start("boot", at=1000.0)
     new.end("boot", seconds=12.5)
     new.start("weights")
     new.end("weights", ok=False, note="network error")
     new.start("venv")
     new.end("venv", note="restored")
-    trainer = stages.StageLog(path, "trainer", boot="new")
+    trainer = stage_records.StageLog(path, "trainer", boot="new")
     trainer.start("compile")
-    rows = stages.summarise(stages.read_records(path))
+    rows = stage_records.summarise(stage_records.read_records(path))
     assert [r["stage"] for r in rows] == ["boot", "venv", "weights", "compile"]
     by = {r["stage"]: r for r in rows}
     boot = by["boot"]
@@ -56,23 +56,25 @@ def test_rows_of_the_latest_boot_in_boot_order_with_notes_and_failures(
     assert (by["venv"]["note"], by["venv"]["source"]) == ("restored", "startup")
     assert (by["weights"]["state"], by["weights"]["note"]) == ("failed", "network error")
     assert (by["compile"]["state"], by["compile"]["seconds"]) == ("running", None)
-    lines = stages.format_rows(rows, now=by["compile"]["start"] + 30)
+    lines = stage_records.format_rows(rows, now=by["compile"]["start"] + 30)
     assert lines[0] == "boot            started 00:16:40 UTC  12.5 s"
     assert lines[2].endswith(" FAILED  (network error)")
     assert lines[3].endswith("running for 30 s")
     # The old boot's stages are still there, for whoever asks for them.
-    assert [r["stage"] for r in stages.summarise(stages.read_records(path), boot="old")] == ["venv"]
+    assert [
+        r["stage"] for r in stage_records.summarise(stage_records.read_records(path), boot="old")
+    ] == ["venv"]
 
 
 def test_a_torn_last_line_and_a_stage_started_twice(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "stages.jsonl"
-    log = stages.StageLog(str(path), "startup", boot="b")
+    log = stage_records.StageLog(str(path), "startup", boot="b")
     log.start("weights", at=10.0)
     log.start("weights", at=20.0)  # the first attempt was killed (no end)
     log.end("weights")
     with path.open("a") as f:
         f.write('{"stage": "venv", "event": "st')  # a writer killed mid-line
-    (row,) = stages.summarise(stages.read_records(str(path)))
+    (row,) = stage_records.summarise(stage_records.read_records(str(path)))
     assert (row["start"], row["state"]) == (20.0, "done")
     assert row["note"] == "an earlier attempt was cut short"
 
@@ -82,7 +84,9 @@ def test_a_failing_block_ends_its_stage_not_ok_and_an_unwritable_file_loses_noth
 ) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    log = stages.StageLog(str(blocker / "stages.jsonl"), "trainer", boot="b")  # cannot be made
+    log = stage_records.StageLog(
+        str(blocker / "stages.jsonl"), "trainer", boot="b"
+    )  # cannot be made
     with pytest.raises(RuntimeError), log.stage("load"):
         raise RuntimeError("boom")
     assert [(r["stage"], r["event"], r.get("ok")) for r in log.records] == [
@@ -94,6 +98,6 @@ def test_a_failing_block_ends_its_stage_not_ok_and_an_unwritable_file_loses_noth
 
 
 def test_the_boot_id_is_the_kernels(tmp_path: pathlib.Path) -> None:
-    assert stages.boot_id(str(tmp_path / "missing")) == "unknown"
+    assert stage_records.boot_id(str(tmp_path / "missing")) == "unknown"
     (tmp_path / "id").write_text("abc-123\n")
-    assert stages.boot_id(str(tmp_path / "id")) == "abc-123"
+    assert stage_records.boot_id(str(tmp_path / "id")) == "abc-123"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from workloads import storage
+from workloads.common import storage
 
 # The exit statuses of every command (the README's "Exit statuses" table lists them).
 EXIT_OK = 0

@@ -5,7 +5,7 @@ write a small CodeV-R1-style dataset, LoRA-train it with the same code path as a
 (`workloads.train`), stopping halfway as a preempted VM would and resuming from the checkpoint,
 merge the adapters and verify the shards and logits; then serve the merged model with the real
 vLLM engine (the CPU build of the serving image's release), check that it serves what was trained,
-evaluate, benchmark and report (workloads.demo_serving), and print a summary. --no-serve stops
+evaluate, benchmark and report (workloads.cli.demo_serving), and print a summary. --no-serve stops
 after the merge. Everything lands under --workdir (default runs/demo); the run config it used is
 written there too, so `python -m workloads train|serve|eval|bench|report --config
 runs/demo/run.yaml` runs each step again.
@@ -20,7 +20,8 @@ import shutil
 import time
 from typing import Any
 
-from workloads import errors, runconfig, storage
+from workloads.common import errors, storage
+from workloads.contract import runconfig
 
 # What the demo owns inside its workdir (--overwrite removes exactly these, nothing else).
 _OWNED = (
@@ -198,7 +199,7 @@ def main(args: argparse.Namespace) -> int:
         raise errors.UserError(f"--steps {args.steps}: the demo needs at least 2 steps")
     started = time.time()
     workdir = pathlib.Path(args.workdir)
-    from workloads import demo_serving
+    from workloads.cli import demo_serving
 
     # Before anything is written or trained: no earlier demo in the way, and the serving venv is
     # there unless the user opted out.
@@ -210,8 +211,8 @@ def main(args: argparse.Namespace) -> int:
     def say(text: str) -> None:
         print(f"[demo {time.time() - started:5.1f}s] {text}", flush=True)
 
-    from workloads import tiny_model
     from workloads.data import synthetic
+    from workloads.model import tiny_model
 
     say(
         f"1/{total} writing a tiny random Gemma 4 (6 layers: 5 sliding + 1 global, k_eq_v, GQA) ..."

@@ -13,12 +13,15 @@ import os
 import sys
 import traceback
 
-from workloads import cli_options, errors, logs
+from workloads.common import cli_options, errors, logs
 
 # name -> (module, one-line help). The order is the order of the pipeline.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("workloads.demo", "run the whole pipeline locally on CPU with a tiny random Gemma 4"),
-    "make-tiny-model": ("workloads.tiny_model", "write a tiny random Gemma 4 checkpoint"),
+    "demo": (
+        "workloads.cli.demo",
+        "run the whole pipeline locally on CPU with a tiny random Gemma 4",
+    ),
+    "make-tiny-model": ("workloads.model.tiny_model", "write a tiny random Gemma 4 checkpoint"),
     "train": ("workloads.train.command", "LoRA fine-tune from a run config (resumable)"),
     "merge": ("workloads.merge.command", "merge LoRA adapters into sharded HF safetensors"),
     "serve": ("workloads.serve.command", "stage merged weights and run the vLLM TPU container"),
@@ -26,7 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("workloads.evaluation.command", "verilog-eval pass@k against the served endpoint"),
     "report": ("workloads.report.command", "cost and quality report next to the paper's figures"),
     "release": (
-        "workloads.release",
+        "workloads.cli.give_back",
         "delete the training TPU once training and the merge finished",
     ),
 }

@@ -23,7 +23,7 @@ import pathlib
 import time
 from collections.abc import Callable
 
-from workloads import errors, processes, storage
+from workloads.common import errors, processes, storage
 
 STAGED_SUFFIX = ".staged"
 FILES_SUFFIX = ".files"
@@ -41,7 +41,7 @@ def _marker(stage_dir: str, suffix: str) -> pathlib.Path:
 def model_dir(base: str, stage_dir: str, *, before_weights: bool = False) -> str:
     """`stage_dir` when `base` is a URL and the startup script's markers say the staged copy is
     whole (or, `before_weights`, has at least its small files: the trainer, which then waits for
-    the weights); otherwise `base`, which workloads.model.stage copies (or uses in place)."""
+    the weights); otherwise `base`, which workloads.model.gemma4.stage copies (or uses in place)."""
     local = pathlib.Path(stage_dir.rstrip("/"))
     suffixes = (STAGED_SUFFIX, FILES_SUFFIX) if before_weights else (STAGED_SUFFIX,)
     marked = any(_marker(stage_dir, s).is_file() for s in suffixes)

@@ -16,7 +16,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from workloads import errors
+from workloads.common import errors
 
 
 def is_remote(path: str) -> bool:

@@ -1,5 +1,5 @@
-"""workloads.staged_base: a job handed the bucket's URL reads the startup script's staged copy
-when its marker says it is whole (the bucket's copy may still be uploading), and only then; the
+"""workloads.model.base_weights: a job handed the bucket's URL reads the startup script's staged
+copy when its marker says it is whole (the bucket's copy may still be uploading), and only then; the
 trainer starts on its small files and waits, bounded, for the weights."""
 
 from __future__ import annotations
@@ -11,27 +11,28 @@ import subprocess
 
 import pytest
 
-from workloads import errors, model, staged_base
+from workloads.common import errors
+from workloads.model import base_weights, gemma4
 
 
 def test_the_staged_copy_is_used_only_when_its_marker_is_there(tmp_path: pathlib.Path) -> None:
     stage = tmp_path / "shm" / "models" / "base"
     url = "gs://bucket/models/gemma-4-31b"
-    assert staged_base.model_dir(url, str(stage)) == url  # nothing staged: the bucket
+    assert base_weights.model_dir(url, str(stage)) == url  # nothing staged: the bucket
     stage.mkdir(parents=True)
     (stage / "config.json").write_text("{}")
-    assert staged_base.model_dir(url, str(stage)) == url  # a copy in progress: not used
+    assert base_weights.model_dir(url, str(stage)) == url  # a copy in progress: not used
     (tmp_path / "shm" / "models" / "base.staged").touch()
-    assert staged_base.model_dir(url, f"{stage}/") == str(stage)
+    assert base_weights.model_dir(url, f"{stage}/") == str(stage)
     # What the trainer and the merge then do with it: used in place, nothing copied.
-    assert model.stage(staged_base.model_dir(url, str(stage)), str(stage)) == stage
+    assert gemma4.stage(base_weights.model_dir(url, str(stage)), str(stage)) == stage
 
 
 def test_a_local_base_is_used_as_given(tmp_path: pathlib.Path) -> None:
     (tmp_path / "base.staged").touch()
     (tmp_path / "base").mkdir()
     local = str(tmp_path / "my-model")
-    assert staged_base.model_dir(local, str(tmp_path / "base")) == local
+    assert base_weights.model_dir(local, str(tmp_path / "base")) == local
 
 
 def _staging(tmp_path: pathlib.Path) -> tuple[pathlib.Path, str]:
@@ -44,12 +45,12 @@ def _staging(tmp_path: pathlib.Path) -> tuple[pathlib.Path, str]:
 
 def test_the_trainer_starts_on_the_small_files_and_the_merge_does_not(tmp_path):
     stage, url = _staging(tmp_path)
-    assert staged_base.model_dir(url, str(stage), before_weights=True) == str(stage)
-    assert staged_base.model_dir(url, str(stage)) == url  # the merge needs the weights
-    assert staged_base.weights_pending(str(stage), str(stage))
+    assert base_weights.model_dir(url, str(stage), before_weights=True) == str(stage)
+    assert base_weights.model_dir(url, str(stage)) == url  # the merge needs the weights
+    assert base_weights.weights_pending(str(stage), str(stage))
     (tmp_path / "shm" / "models" / "base.staged").touch()
-    assert not staged_base.weights_pending(str(stage), str(stage))
-    assert not staged_base.weights_pending(url, str(stage))
+    assert not base_weights.weights_pending(str(stage), str(stage))
+    assert not base_weights.weights_pending(url, str(stage))
 
 
 class FakeClock:
@@ -69,7 +70,7 @@ class FakeClock:
 
 
 def _wait(stage: pathlib.Path, clock: FakeClock, lines: list[str], **kwargs) -> None:
-    staged_base.wait_for_weights(
+    base_weights.wait_for_weights(
         str(stage), log=lines.append, sleep=clock.sleep, clock=clock.clock, **kwargs
     )
 
@@ -153,8 +154,8 @@ def test_a_long_wait_says_what_is_there_every_minute(tmp_path):
 
 def test_shards_present_needs_a_readable_index(tmp_path):
     stage, _ = _staging(tmp_path)
-    assert staged_base.shards_present(str(stage)) is None  # not staged yet
+    assert base_weights.shards_present(str(stage)) is None  # not staged yet
     (stage / "model.safetensors.index.json").write_text("{not json")
-    assert staged_base.shards_present(str(stage)) is None
+    assert base_weights.shards_present(str(stage)) is None
     (stage / "model.safetensors.index.json").write_text('{"weight_map": []}')
-    assert staged_base.shards_present(str(stage)) is None
+    assert base_weights.shards_present(str(stage)) is None

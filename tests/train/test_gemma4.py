@@ -1,4 +1,5 @@
-"""workloads.model and workloads.train.lora: HF config -> tunix config, mesh checks, LoRA specs."""
+"""workloads.model.gemma4 and workloads.train.lora: HF config -> tunix config, mesh checks, LoRA
+specs."""
 
 from __future__ import annotations
 
@@ -6,18 +7,20 @@ import json
 
 import pytest
 
-from workloads import catalog, errors, tiny_model
+from workloads.common import errors
+from workloads.contract import catalog
+from workloads.model import tiny_model
 
 
 def gemma4_31b_hf_config() -> dict:
-    """The text_config facts of google/gemma-4-31B-it (workloads.catalog)."""
+    """The text_config facts of google/gemma-4-31B-it (workloads.contract.catalog)."""
     return tiny_model.catalog_hf_config(catalog.model("gemma-4-31b"))
 
 
 def test_31b_config_maps_to_tunix_gemma4_31b():
     from tunix.models.gemma4 import model as gemma4
 
-    from workloads import model
+    from workloads.model import gemma4 as model
 
     ours = model.tunix_config_from_hf(gemma4_31b_hf_config(), dtype="bfloat16")
     theirs = gemma4.ModelConfig.gemma4_31b()
@@ -52,7 +55,7 @@ def test_31b_config_maps_to_tunix_gemma4_31b():
 
 
 def test_moe_checkpoint_is_refused():
-    from workloads import model
+    from workloads.model import gemma4 as model
 
     hf = gemma4_31b_hf_config()
     hf["text_config"]["enable_moe_block"] = True
@@ -63,7 +66,7 @@ def test_moe_checkpoint_is_refused():
 def test_wrong_key_prefix_is_refused(tiny_model_dir, tmp_path):
     import safetensors.numpy
 
-    from workloads import model
+    from workloads.model import gemma4 as model
 
     bad = tmp_path / "bad"
     bad.mkdir()
@@ -80,7 +83,7 @@ def test_wrong_key_prefix_is_refused(tiny_model_dir, tmp_path):
 def test_fit_spec_drops_axes_that_do_not_divide():
     import jax
 
-    from workloads import model
+    from workloads.model import gemma4 as model
     from workloads.train import lora
 
     mesh = model.make_mesh(1, 2)
@@ -107,13 +110,14 @@ def test_target_regex_matches_whole_module_names():
 def test_lora_on_a_tp_mesh_shards_heads_and_fits(tiny_model_dir):
     from flax import nnx
 
-    from workloads import model, runconfig
+    from workloads.contract import runconfig
+    from workloads.model import gemma4 as model
     from workloads.train import lora
 
     mesh = model.make_mesh(1, 2)
     with mesh:
         base = model.load_model(tiny_model_dir, mesh=mesh, dtype="float32")
-    settings = runconfig.LoraSection(
+    settings = runconfig.LoraRunSection(
         rank=4, alpha=8.0, dropout=0.0, targets=runconfig.ALL_LORA_TARGETS
     )
     lora_model = lora.apply_lora(base, settings, mesh=mesh, seed=0)
@@ -151,7 +155,7 @@ def test_tiny_model_layout(tiny_model_dir):
 
 
 def test_make_tiny_model_refuses_a_layer_count_hf_would_change(tmp_path):
-    from workloads import tiny_model
+    from workloads.model import tiny_model
 
     with pytest.raises(errors.UserError, match="multiple of 6"):
         tiny_model.write_tiny_model(tmp_path / "m", layers=8)
@@ -164,7 +168,7 @@ def test_tiny_model_logits_match_hugging_face(tiny_model_dir):
     import torch
     import transformers
 
-    from workloads import model
+    from workloads.model import gemma4 as model
     from workloads.train import step
 
     tokens = np.random.default_rng(1).integers(0, 1000, (2, 40)).astype(np.int32)

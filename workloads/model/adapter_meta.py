@@ -12,7 +12,8 @@ from typing import Any
 
 import pydantic
 
-from workloads import errors, runconfig, storage
+from workloads.common import errors, storage
+from workloads.contract import runconfig
 
 FILENAME = "lora_meta.json"
 

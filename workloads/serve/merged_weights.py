@@ -3,7 +3,7 @@ parallel, verify every shard's checksum against merge_metadata.json.
 
 The merge writes `model.safetensors.index.json` last (workloads.merge.safetensors_io), and
 `merge_metadata.json` lists every shard with its checksum (crc32c; sha256 from earlier versions:
-workloads.digest) and size. Staging copies what is not yet
+workloads.common.digest) and size. Staging copies what is not yet
 complete, checks each listed shard, re-downloads a bad one once, and fetches the two marker files
 last, so an interrupted staging never looks complete. A small stamp file in the destination
 remembers which shards were verified (size + mtime), so a restart does not re-hash 62.5 GB.
@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from workloads import digest, errors, logs, storage
+from workloads.common import digest, errors, logs, storage
 
 LOG = logs.get("serve")
 

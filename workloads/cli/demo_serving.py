@@ -22,10 +22,12 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from workloads import catalog, cli, errors, runconfig
+from workloads import cli
+from workloads.common import errors
+from workloads.contract import catalog, runconfig
 from workloads.evaluation import problems
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Where .ci/setup installs the serving venv (relative to the repository).
 SERVE_VENV = ".venv-serve"
 ENGINE_PYTHON_ENV = "GEMMA4_ENGINE_PYTHON"

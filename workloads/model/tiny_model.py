@@ -1,11 +1,12 @@
 """`make-tiny-model`: a random Gemma 4 checkpoint in the real HF layout, small enough for a CPU.
 
-It has the structure of gemma-4-31B (workloads.catalog) at toy size: 5 sliding-window layers
-then 1 global layer, k_eq_v on the global layers (one K projection, no v_proj), grouped KV heads
-(8 query heads, 4 KV heads, 2 global KV heads), a larger global head size, and a sliding window
-of 16 tokens so test sequences cross it. Weights are `model.language_model.*` tensors split over a
-few safetensors shards with an index, as in the real checkpoint; config.json describes a
-`Gemma4ForConditionalGeneration` that both tunix (via workloads.model) and HF transformers load.
+It has the structure of gemma-4-31B (workloads.contract.catalog) at toy size: 5 sliding-window
+layers then 1 global layer, k_eq_v on the global layers (one K projection, no v_proj), grouped KV
+heads (8 query heads, 4 KV heads, 2 global KV heads), a larger global head size, and a sliding
+window of 16 tokens so test sequences cross it. Weights are `model.language_model.*` tensors split
+over a few safetensors shards with an index, as in the real checkpoint; config.json describes a
+`Gemma4ForConditionalGeneration` that both tunix (via workloads.model.gemma4) and HF transformers
+load.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import json
 import pathlib
 from typing import Any
 
-from workloads import catalog, errors, storage
+from workloads.common import errors, storage
+from workloads.contract import catalog
 
 # Toy sizes with 31B's ratios where they matter (GQA groups, global head size = 2 x head size).
 # Head sizes 32 and 64: the smallest vLLM's CPU attention takes (its kernels support 32, 64, 80,

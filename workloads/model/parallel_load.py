@@ -1,10 +1,10 @@
 """Loads a Gemma 4 safetensors checkpoint onto the mesh with no needless host copy and with the
 transfers to the chips running in parallel.
 
-Tunix's fast loader (what workloads.model.load_model calls) maps the files and then, one tensor
-after the other, casts every tensor with `astype` (a full host copy even when the file already
-holds the target dtype) and hands it to `jax.device_put`; its q/k/v rearrangement runs through
-jax.numpy, so those tensors are first placed whole on the default device and then resharded.
+Tunix's fast loader (what workloads.model.gemma4.load_model calls) maps the files and then, one
+tensor after the other, casts every tensor with `astype` (a full host copy even when the file
+already holds the target dtype) and hands it to `jax.device_put`; its q/k/v rearrangement runs
+through jax.numpy, so those tensors are first placed whole on the default device and then resharded.
 Here each tensor is a view of the memory-mapped file as long as it can be (no copy for a
 tensor whose dtype matches and whose layout needs no transpose), the rearrangement stays in
 numpy on the host, and a pool of threads prepares and transfers the tensors concurrently
@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from workloads import errors
-from workloads import model as model_lib
+from workloads.common import errors
+from workloads.model import gemma4
 
 if TYPE_CHECKING:
     import jax
@@ -176,8 +176,8 @@ def load_model(
     model_dir = pathlib.Path(model_dir)
     if not model_dir.is_dir():
         raise errors.UserError(f"{model_dir}: model directory not found")
-    cfg = model_lib.tunix_config_from_hf(model_lib.read_hf_config(str(model_dir)), dtype=dtype)
-    model_lib._check_layout(model_dir, cfg)
+    cfg = gemma4.tunix_config_from_hf(gemma4.read_hf_config(str(model_dir)), dtype=dtype)
+    gemma4._check_layout(model_dir, cfg)
     with compat.set_mesh(mesh):
         abstract = nnx.eval_shape(lambda: gemma4_model.Gemma4(cfg, rngs=nnx.Rngs(params=0)))
     graph_def, abs_state = nnx.split(abstract)

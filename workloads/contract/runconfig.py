@@ -22,13 +22,20 @@ from typing import Annotated, Any, Literal
 import pydantic
 import yaml
 
-from workloads import catalog, errors, settings, storage
-from workloads.settings import ALL_LORA_TARGETS, DEFAULT_LORA_TARGETS, parse_size
+from workloads.common import errors, storage
+from workloads.contract import catalog, settings
+from workloads.contract.settings import ALL_LORA_TARGETS, DEFAULT_LORA_TARGETS, parse_size
 
 # The shared settings as the run config uses them unchanged.
-LoraSection = settings.LoraSettings
-MeshSection = settings.MeshSettings
-__all__ = ["ALL_LORA_TARGETS", "DEFAULT_LORA_TARGETS", "LoraSection", "MeshSection", "parse_size"]
+LoraRunSection = settings.LoraSettings
+MeshRunSection = settings.MeshSettings
+__all__ = [
+    "ALL_LORA_TARGETS",
+    "DEFAULT_LORA_TARGETS",
+    "LoraRunSection",
+    "MeshRunSection",
+    "parse_size",
+]
 
 # Validation context key: set by `load`, which resolves relative local paths (module docstring).
 _RESOLVE_PATHS = "resolve_paths"
@@ -47,7 +54,7 @@ ConfigPath = Annotated[str, pydantic.AfterValidator(_resolve_when_loading)]
 _Section = settings.Settings
 
 
-class ModelSection(_Section):
+class ModelRunSection(_Section):
     """The base model."""
 
     base: ConfigPath = pydantic.Field(
@@ -64,7 +71,7 @@ class ModelSection(_Section):
     )
 
 
-class DataSection(settings.DataSettings):
+class DataRunSection(settings.DataSettings):
     """The training data: CodeV-R1 style JSONL with `prompt` and `response` fields."""
 
     dataset: ConfigPath = pydantic.Field(
@@ -72,7 +79,7 @@ class DataSection(settings.DataSettings):
     )
 
 
-class TrainSection(settings.TrainSettings):
+class TrainingRunSection(settings.TrainingSettings):
     """Optimisation, checkpointing and logging of the LoRA fine-tune."""
 
     output_dir: ConfigPath = pydantic.Field(
@@ -103,7 +110,7 @@ class TrainSection(settings.TrainSettings):
         return join(self.output_dir, "tensorboard")
 
 
-class MergeSection(settings.MergeSettings):
+class MergeRunSection(settings.MergeSettings):
     """LoRA merge into Hugging Face safetensors shards."""
 
     out: ConfigPath = pydantic.Field(
@@ -112,7 +119,7 @@ class MergeSection(settings.MergeSettings):
     step: int | None = pydantic.Field(None, ge=0, description="Checkpoint step; null = latest.")
 
 
-class ServeSection(settings.ServeSettings):
+class ServingRunSection(settings.ServingSettings):
     """vLLM serving of the merged model on a TPU v6e host."""
 
     model_dir: str = pydantic.Field(
@@ -192,7 +199,7 @@ class ServeSection(settings.ServeSettings):
         return value
 
 
-class BenchSection(settings.BenchSettings):
+class BenchRunSection(settings.BenchSettings):
     """`vllm bench serve` sweep."""
 
     shapes: tuple[tuple[int, int], ...] = pydantic.Field(
@@ -237,7 +244,7 @@ class BenchSection(settings.BenchSettings):
         return value
 
 
-class EvalSection(settings.EvalSettings):
+class EvalRunSection(settings.EvalSettings):
     """verilog-eval spec-to-rtl pass@k against the served endpoint."""
 
     problems_dir: ConfigPath = pydantic.Field(
@@ -256,7 +263,7 @@ class EvalSection(settings.EvalSettings):
     )
 
 
-class OwnNodeSection(_Section):
+class OwnNodeRunSection(_Section):
     """This VM's own TPU node, for a command that acts on it (release, stop)."""
 
     project: str = pydantic.Field(description="Project of this VM's TPU node.")
@@ -267,7 +274,7 @@ class OwnNodeSection(_Section):
     node: str = pydantic.Field(description="Name of this VM's TPU node.")
 
 
-class ReleaseSection(OwnNodeSection):
+class ReleaseRunSection(OwnNodeRunSection):
     """Giving the training TPU back once training (and the merge) succeeded."""
 
     marker: ConfigPath = pydantic.Field(
@@ -276,7 +283,7 @@ class ReleaseSection(OwnNodeSection):
     )
 
 
-class StopSection(OwnNodeSection):
+class StopRunSection(OwnNodeRunSection):
     """Stopping the serving TPU after a time limit (the stack's serving.stopAfterHours)."""
 
     after_hours: float = pydantic.Field(
@@ -290,18 +297,20 @@ class RunConfig(_Section):
     run_name: str = pydantic.Field(
         pattern=r"^[a-z][a-z0-9-]{0,62}$", description="Run name (lower case, digits, dashes)."
     )
-    model: ModelSection = pydantic.Field(description="The base model.")
-    data: DataSection = pydantic.Field(description="The training data.")
-    lora: LoraSection = pydantic.Field(LoraSection(), description="LoRA adapters.")
-    train: TrainSection = pydantic.Field(description="Training.")
-    merge: MergeSection | None = pydantic.Field(None, description="Merge; null = no merge.")
-    serve: ServeSection | None = pydantic.Field(None, description="Serving; null = no serving.")
-    bench: BenchSection | None = pydantic.Field(None, description="Benchmark; null = none.")
-    eval: EvalSection | None = pydantic.Field(None, description="Evaluation; null = none.")
-    release: ReleaseSection | None = pydantic.Field(
+    model: ModelRunSection = pydantic.Field(description="The base model.")
+    data: DataRunSection = pydantic.Field(description="The training data.")
+    lora: LoraRunSection = pydantic.Field(LoraRunSection(), description="LoRA adapters.")
+    train: TrainingRunSection = pydantic.Field(description="Training.")
+    merge: MergeRunSection | None = pydantic.Field(None, description="Merge; null = no merge.")
+    serve: ServingRunSection | None = pydantic.Field(
+        None, description="Serving; null = no serving."
+    )
+    bench: BenchRunSection | None = pydantic.Field(None, description="Benchmark; null = none.")
+    eval: EvalRunSection | None = pydantic.Field(None, description="Evaluation; null = none.")
+    release: ReleaseRunSection | None = pydantic.Field(
         None, description="Delete the training TPU when done; null = keep it."
     )
-    stop: StopSection | None = pydantic.Field(
+    stop: StopRunSection | None = pydantic.Field(
         None, description="Stop the serving TPU after a time limit; null = no limit."
     )
 

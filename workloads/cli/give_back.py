@@ -22,7 +22,8 @@ import shlex
 import shutil
 import subprocess
 
-from workloads import cli_options, errors, logs, runconfig, storage
+from workloads.common import cli_options, errors, logs, storage
+from workloads.contract import runconfig
 
 LOG = logs.get("release")
 MARKER_FILE = "released.json"
@@ -40,23 +41,23 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def missing_outputs(cfg: runconfig.RunConfig) -> list[str]:
     """What a finished run has written and this one has not (empty: the run is done)."""
-    from workloads.serve import staging  # lazy: keeps `--help` instant
+    from workloads.serve import merged_weights  # lazy: keeps `--help` instant
     from workloads.train import metrics
 
     wanted = [runconfig.join(cfg.train.output_dir, metrics.SUMMARY_FILE)]
     if cfg.merge is not None:
         # What a finished merge leaves last; the serving VM waits for the same files.
-        wanted += [runconfig.join(cfg.merge.out, name) for name in staging.MARKERS]
+        wanted += [runconfig.join(cfg.merge.out, name) for name in merged_weights.MARKERS]
     return [path for path in wanted if not storage.exists(path)]
 
 
-def node_zone(release: runconfig.ReleaseSection) -> str:
+def node_zone(release: runconfig.ReleaseRunSection) -> str:
     """The zone this VM runs in: GEMMA4_ZONE (the startup script's, from the metadata server;
     a fallback zone when the stack's first had no capacity), else the stack's first zone."""
     return os.environ.get(ZONE_ENV) or release.zone
 
 
-def delete_argv(release: runconfig.ReleaseSection, gcloud: str = "gcloud") -> list[str]:
+def delete_argv(release: runconfig.ReleaseRunSection, gcloud: str = "gcloud") -> list[str]:
     """The request that deletes the node (asynchronously: it returns once accepted)."""
     return [
         gcloud,

@@ -2,10 +2,10 @@
 
 A stack config section (infra/config/model.py) is one of these models plus what only the cloud side
 needs (zones, provisioning, enabled flags), read with camelCase keys at the Pulumi edge. The run
-config a VM reads (workloads/runconfig.py) is one of these models plus where things live (gs://
-paths, ports on the host), and infra renders it as a projection of the stack config (`values_of`),
-not a field-by-field copy. So a constraint such as "lora.rank > 0" lives here and holds on both
-sides with the same one-line message.
+config a VM reads (workloads/contract/runconfig.py) is one of these models plus where things live
+(gs:// paths, ports on the host), and infra renders it as a projection of the stack config
+(`values_of`), not a field-by-field copy. So a constraint such as "lora.rank > 0" lives here and
+holds on both sides with the same one-line message.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 import pydantic
 
-from workloads import catalog
+from workloads.contract import catalog
 
 # The six modules the paper's recipe adapts; `k_einsum` (the global layers' K=V projection) is
 # an optional seventh.
@@ -173,7 +173,7 @@ class MeshSettings(Settings):
     )
 
 
-class TrainSettings(Settings):
+class TrainingSettings(Settings):
     """Optimisation, memory policy, checkpointing and logging of the LoRA fine-tune."""
 
     micro_batch: int = pydantic.Field(1, ge=1, description="Rows per forward pass (global).")
@@ -233,7 +233,7 @@ KvCacheDtype = Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 KV_CACHE_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
 
-class ServeSettings(Settings):
+class ServingSettings(Settings):
     """vLLM serving of the merged model."""
 
     image: str = pydantic.Field(
