@@ -25,7 +25,7 @@ import re
 import time
 import tomllib
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from infra.errors import WheelBuildError
@@ -208,12 +208,19 @@ def _epoch() -> tuple[int, int, int, int, int, int]:
     return time.gmtime(max(seconds, DEFAULT_EPOCH))[:6]
 
 
-def members(source_dir: pathlib.Path) -> list[tuple[str, bytes, bool]]:
+def members(
+    source_dir: pathlib.Path, top_level: Collection[str] | None = None
+) -> list[tuple[str, bytes, bool]]:
     """Every member of the wheel but RECORD: (name, bytes, executable), sorted by name.
+
+    Args:
+        source_dir: the project (its pyproject.toml and packages).
+        top_level: only the packages found under these top-level names (None: every package
+            pyproject's packages.find names, as setuptools would build).
 
     Raises:
         WheelBuildError: pyproject.toml is missing, unreadable, or uses a key this builder does
-            not implement; the readme is missing.
+            not implement; the readme is missing; a `top_level` name is not among the packages.
     """
     document = _load(source_dir)
     project = document.get("project")
@@ -240,6 +247,8 @@ def members(source_dir: pathlib.Path) -> list[tuple[str, bytes, bool]]:
     )
     if not packages:
         raise WheelBuildError(f"{source_dir}: no package matches tool.setuptools.packages.find")
+    if top_level is not None:
+        packages = _only(packages, top_level, source_dir)
     data = {
         k: _strings(v, f"package-data.{k}")
         for k, v in setuptools_cfg.get("package-data", {}).items()
@@ -263,6 +272,17 @@ def members(source_dir: pathlib.Path) -> list[tuple[str, bytes, bool]]:
     return sorted(out)
 
 
+def _only(packages: list[str], top_level: Collection[str], source_dir: pathlib.Path) -> list[str]:
+    found = sorted({p.split(".", 1)[0] for p in packages})
+    missing = sorted(set(top_level) - set(found))
+    if missing:
+        raise WheelBuildError(
+            f"{source_dir}: {', '.join(missing)}: not a package tool.setuptools.packages.find "
+            f"names (it finds {', '.join(found)})"
+        )
+    return [p for p in packages if p.split(".", 1)[0] in top_level]
+
+
 def _zip_member(archive: zipfile.ZipFile, name: str, data: bytes, executable: bool) -> None:
     info = zipfile.ZipInfo(name, date_time=_epoch())
     info.external_attr = ((0o100755 if executable else 0o100644) & 0xFFFF) << 16
@@ -270,13 +290,23 @@ def _zip_member(archive: zipfile.ZipFile, name: str, data: bytes, executable: bo
     archive.writestr(info, data, compresslevel=9)
 
 
-def build(source_dir: pathlib.Path, out_dir: pathlib.Path) -> pathlib.Path:
+def build(
+    source_dir: pathlib.Path, out_dir: pathlib.Path, top_level: Collection[str] | None = None
+) -> pathlib.Path:
     """Writes the wheel of the project in `source_dir` into `out_dir` and returns its path.
+
+    Args:
+        source_dir: the project.
+        out_dir: where the wheel is written (created if missing).
+        top_level: only these top-level packages (see `members`); None: all of them.
+
+    Returns:
+        The wheel's path.
 
     Raises:
         WheelBuildError: see `members`.
     """
-    content = members(source_dir)
+    content = members(source_dir, top_level)
     dist_info = next(n for n, _, _ in content if n.endswith(".dist-info/METADATA")).split("/")[0]
     record_name = f"{dist_info}/RECORD"
     record = "".join(f"{n},{_record_hash(d)},{len(d)}\n" for n, d, _ in content)

@@ -1,5 +1,10 @@
 """The workloads wheel a deploy ships: built from this checkout once per source state, cached in
-.whl/, and identified by a content hash that ignores timestamps and the infra/ members."""
+.whl/, and identified by a content hash that ignores timestamps.
+
+It holds the `workloads` package only: the VMs never import infra/ (the Pulumi program, which
+runs on the laptop and on the recovery controller from its source tree, `pip install -e
+src[infra]`), so editing the program neither rebuilds the wheel nor restarts a VM's jobs.
+pyproject's packages.find still names infra for those editable installs."""
 
 from __future__ import annotations
 
@@ -15,11 +20,10 @@ from infra.vm import wheel_build
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT_WHEEL_CACHE = REPO_ROOT / ".whl"
+# The top-level packages the VMs run: nothing else goes into the wheel.
+VM_PACKAGES = ("workloads",)
 # The files the wheel is built from (their hash is the build cache key).
-WHEEL_SOURCES = ("pyproject.toml", "README.md", "LICENSE", "setup.cfg", "workloads", "infra")
-# The content hash ignores `infra/` (shipped in the same distribution but never run on the VMs)
-# and RECORD (it lists infra's hashes): editing the Pulumi program does not restart training.
-_HASH_IGNORED_PREFIXES = ("infra/",)
+WHEEL_SOURCES = ("pyproject.toml", "README.md", "LICENSE", "setup.cfg", *VM_PACKAGES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,12 +61,12 @@ def source_hash(source_dir: pathlib.Path = REPO_ROOT) -> str:
 def wheel_hash(wheel_path: str | pathlib.Path) -> str:
     """Content hash of a wheel: member names and bytes, independent of zip timestamps.
 
-    Members under infra/ and the RECORD file are left out (see _HASH_IGNORED_PREFIXES).
+    RECORD is left out: it only restates the other members' hashes.
     """
     digest = hashlib.sha256()
     with zipfile.ZipFile(wheel_path) as archive:
         for name in sorted(archive.namelist()):
-            if name.startswith(_HASH_IGNORED_PREFIXES) or name.endswith(".dist-info/RECORD"):
+            if name.endswith(".dist-info/RECORD"):
                 continue
             digest.update(name.encode() + b"\0")
             digest.update(hashlib.sha256(archive.read(name)).digest())
@@ -72,8 +76,8 @@ def wheel_hash(wheel_path: str | pathlib.Path) -> str:
 def build_wheel(
     source_dir: pathlib.Path = REPO_ROOT, cache_dir: pathlib.Path = DEFAULT_WHEEL_CACHE
 ) -> Wheel:
-    """Builds the wheel of this checkout (infra.vm.wheel_build: no pip, no setuptools, offline),
-    cached by source hash.
+    """Builds the VM wheel of this checkout, `workloads` only (infra.vm.wheel_build: no pip, no
+    setuptools, offline), cached by source hash.
 
     The same source files give the same members on any machine (a clone or the recovery
     controller's copy from the source archive), hence the same wheel_hash and fingerprint.
@@ -90,7 +94,7 @@ def build_wheel(
     with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".build-") as tmp:
         staged = pathlib.Path(tmp) / key
         try:
-            wheel_build.build(source_dir, staged)
+            wheel_build.build(source_dir, staged, top_level=VM_PACKAGES)
         except wheel_build.WheelBuildError as exc:
             raise WheelBuildError(f"building the wheel of {source_dir}: {exc}") from None
         try:

@@ -106,6 +106,18 @@ def test_members_and_requirements_match_a_setuptools_build(tmp_path: pathlib.Pat
     assert mine.get_payload().strip() == setuptools_.get_payload().strip()  # the README
 
 
+def test_only_the_named_top_level_packages(tmp_path: pathlib.Path) -> None:
+    full = wheel_build.members(REPO)
+    vm = wheel_build.members(REPO, top_level=("workloads",))
+    assert any(name.startswith("infra/") for name, _, _ in full)
+    assert not any(name.startswith("infra/") for name, _, _ in vm)
+    assert {n for n, _, _ in full if n.startswith("workloads/")} == {
+        n for n, _, _ in vm if n.startswith("workloads/")
+    }
+    with pytest.raises(wheel_build.WheelBuildError, match=r"^.*: tests: not a package"):
+        wheel_build.members(REPO, top_level=("workloads", "tests"))
+
+
 def test_pip_installs_it_with_its_entry_point(tmp_path: pathlib.Path) -> None:
     wheel = wheel_build.build(REPO, tmp_path / "w")
     target = tmp_path / "site"
