@@ -16,12 +16,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 ROOTS = ("infra", "workloads")
 
 # name -> why two definitions are tolerated for now. Only shims, or pairs with a named owner.
-ALLOWED = {
-    "TpuApi": "infra/ops/preflight.py's and infra/tpu/api.py's protocols of different calls: "
-    "left to the infra restructuring that owns those modules",
-    "WheelBuildError": "infra/vm/wheel_build.py's and infra/vm/workloads_wheel.py's: left to the "
-    "move of infra's error classes into infra/errors.py",
-}
+ALLOWED: dict[str, str] = {}
 
 
 def class_definitions(root: pathlib.Path = REPO) -> dict[str, list[str]]:

@@ -37,7 +37,7 @@ _DOCUMENTATION_RANGES = tuple(
 )
 
 
-class TpuApi(Protocol):
+class TpuReads(Protocol):
     """The three read-only calls of `google.cloud.tpu_v2.TpuClient` that preflight uses."""
 
     def list_accelerator_types(self, *, parent: str) -> Iterable[Any]: ...
@@ -104,7 +104,7 @@ def _api_error_types() -> tuple[type[BaseException], type[BaseException]]:
     return exceptions.NotFound, exceptions.GoogleAPICallError
 
 
-def _offered_types(client: TpuApi, project: str, zone: str) -> set[str]:
+def _offered_types(client: TpuReads, project: str, zone: str) -> set[str]:
     parent = f"projects/{project}/locations/{zone}"
     return {
         getattr(t, "type_", None) or str(t.name).rsplit("/", 1)[-1]
@@ -112,7 +112,7 @@ def _offered_types(client: TpuApi, project: str, zone: str) -> set[str]:
     }
 
 
-def check_slice(client: TpuApi, project: str, spec: SliceSpec) -> list[Check]:
+def check_slice(client: TpuReads, project: str, spec: SliceSpec) -> list[Check]:
     """The three checks of one slice; API errors become failed checks, not tracebacks."""
     not_found, api_error = _api_error_types()
     checks: list[Check] = []
@@ -204,7 +204,7 @@ def check_placeholders(cfg: config_mod.StackConfig) -> list[Check]:
 
 def run_preflight(
     cfg: config_mod.StackConfig,
-    client_factory: Callable[[], TpuApi],
+    client_factory: Callable[[], TpuReads],
     *,
     has_hf_token: bool | None = None,
 ) -> list[Check]:
@@ -288,12 +288,12 @@ def _compile_check(stack: str, cfg: config_mod.StackConfig, depths: tuple[int, .
     return 0 if est.fits else 1
 
 
-def _real_client() -> TpuApi:
+def _real_client() -> TpuReads:
     try:
         from google.cloud import tpu_v2
     except ImportError:
         raise SystemExit("preflight needs google-cloud-tpu: pip install -e '.[infra]'") from None
-    client: TpuApi = tpu_v2.TpuClient()
+    client: TpuReads = tpu_v2.TpuClient()
     return client
 
 
@@ -320,7 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None, client_factory: Callable[[], TpuApi] = _real_client) -> int:
+def main(
+    argv: list[str] | None = None, client_factory: Callable[[], TpuReads] = _real_client
+) -> int:
     """Exit status: 0 = all checks passed, 1 = a check failed, 2 = the stack config is invalid."""
     args = build_parser().parse_args(argv)
     stack = args.stack or _default_stack()
