@@ -6,7 +6,6 @@ import json
 import math
 import subprocess
 
-import fsspec
 import pytest
 import yaml
 
@@ -15,6 +14,7 @@ from tests.serve.conftest import write_merged_model
 from workloads import cli
 from workloads.bench import command as bench_command
 from workloads.bench import plots, results
+from workloads.common import storage
 from workloads.contract import runconfig
 from workloads.serve import argv
 
@@ -112,9 +112,8 @@ def test_results_go_to_a_remote_results_dir(serving, tmp_path, memory_url):
     )
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(data))
     assert cli.main(["bench", "--config", serving]) == 0
-    fs = fsspec.filesystem("memory")
-    root = f"/{memory_url.removeprefix('memory://')}/bench"
-    assert sorted(p.rsplit("/", 1)[-1] for p in fs.find(root)) == sorted(
+    names = [rel.rsplit("/", 1)[-1] for rel in storage.list_files(f"{memory_url}/bench")]
+    assert sorted(names) == sorted(
         [
             "64x32_rinf.json",
             "summary.json",

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import math
 
-import fsspec
-
 from tests.bench.vllm_results import vllm_result
 from workloads.bench import plots, results
+from workloads.common import storage
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -40,10 +39,8 @@ def test_both_plots_are_written_as_real_pngs(tmp_path):
 def test_plots_go_to_a_remote_dir_and_survive_a_partial_sweep(memory_url):
     rows = _rows(rates=(2, math.inf), shapes=((1024, 512),))  # no rate 4: no paper QPS-4 star
     plots.write_plots(f"{memory_url}/bench", rows)
-    fs = fsspec.filesystem("memory")
-    root = memory_url.removeprefix("memory://")
-    assert fs.cat_file(f"/{root}/bench/{plots.TTFT_PNG}").startswith(PNG_MAGIC)
-    assert fs.size(f"/{root}/bench/{plots.THROUGHPUT_PNG}") > 10_000
+    assert storage.read_bytes(f"{memory_url}/bench/{plots.TTFT_PNG}").startswith(PNG_MAGIC)
+    assert storage.file_sizes(f"{memory_url}/bench")[plots.THROUGHPUT_PNG] > 10_000
 
 
 def _legend(figure) -> list[str]:

@@ -7,12 +7,12 @@ import shutil
 import threading
 import uuid
 
-import fsspec
 import pytest
 import yaml
 
 from tests.evaluation import verilog_samples as vs
 from workloads import cli
+from workloads.common import storage
 from workloads.contract import runconfig
 
 pytestmark = pytest.mark.skipif(shutil.which("iverilog") is None, reason="needs Icarus Verilog")
@@ -168,15 +168,22 @@ def test_missing_problems_dir_is_refused(tmp_path, capsys):
     assert "eval needs --problems" in capsys.readouterr().err
 
 
-def test_problems_from_and_results_to_a_bucket(openai_server, problems_dir, tmp_path):
-    """gs:// in production; memory:// stands in for it: the problems are staged to local files
-    for iverilog, and every result file is uploaded."""
-    fs = fsspec.filesystem("memory")
-    bucket = f"memory://eval-bucket-{uuid.uuid4().hex[:8]}"
+@pytest.mark.parametrize("store", ["memory", "gs"])
+def test_problems_from_and_results_to_a_bucket(openai_server, problems_dir, request, store):
+    """gs:// in production: on a bucket of the GCS protocol server, and on memory:// (fsspec's
+    stand-in). The problems are staged to local files for iverilog; every result file is
+    uploaded."""
+    if store == "gs":
+        bucket = request.getfixturevalue("gcs_bucket")
+    else:
+        bucket = f"memory://eval-bucket-{uuid.uuid4().hex[:8]}"
+    fs, _ = storage.filesystem(bucket)
     try:
         for path in pathlib.Path(problems_dir).iterdir():
             if "majority3" in path.name:
-                fs.pipe_file(f"{bucket}/dataset_spec-to-rtl/{path.name}", path.read_bytes())
+                storage.write_bytes_atomic(
+                    f"{bucket}/dataset_spec-to-rtl/{path.name}", path.read_bytes()
+                )
         openai_server.answer = _answers()
         argv = [
             "eval",
@@ -194,18 +201,18 @@ def test_problems_from_and_results_to_a_bucket(openai_server, problems_dir, tmp_
             "5",
         ]
         assert cli.main(argv) == 0
-        names = sorted(p.split("/eval/", 1)[1] for p in fs.find(f"{bucket}/eval"))
+        names = storage.list_files(f"{bucket}/eval")
         assert names == [
             "results.jsonl",
             "samples/Prob001_majority3.json",
             "summary.json",
             "summary.md",
         ]
-        summary = json.loads(fs.cat_file(f"{bucket}/eval/summary.json"))
+        summary = json.loads(storage.read_text(f"{bucket}/eval/summary.json"))
         assert summary["pass_at"] == {"1": 1.0, "2": 1.0}
-        assert "| pass@1 | 1.000 | 0.641 |" in fs.cat_file(f"{bucket}/eval/summary.md").decode()
+        assert "| pass@1 | 1.000 | 0.641 |" in storage.read_text(f"{bucket}/eval/summary.md")
     finally:
-        if fs.exists(bucket):
+        if store == "memory" and fs.exists(bucket):
             fs.rm(bucket, recursive=True)
 
 

@@ -389,3 +389,19 @@ def test_a_killed_merge_leaves_nothing_that_looks_complete(lora_run, tmp_path):
     # The next run cleans up after the dead one and completes.
     assert cli.main(argv) == 0
     assert (out / st.INDEX_FILE).exists() and not leftovers[0].exists()
+
+
+def test_a_gs_checkpoint_merges_into_gs_with_the_same_bytes(lora_run, merged, gcs_bucket):
+    """The VM's merge: the run's checkpoints in gs:// (Orbax through TensorStore's GCS driver),
+    the merged shards uploaded to gs://; the objects are the local merge's files, byte for byte."""
+    from workloads.common import storage
+
+    run, out = f"{gcs_bucket}/run", f"{gcs_bucket}/merged"
+    storage.copy_tree(str(lora_run.run), run)
+    merge.merge_lora(str(lora_run.base), run, out, shard_size=SHARD_SIZE, progress=False)
+    local_out, _ = merged
+    local = {p.name: p.read_bytes() for p in local_out.iterdir() if p.is_file()}
+    assert sorted(storage.list_files(out)) == sorted(local)
+    for name, data in local.items():
+        if name != "merge_metadata.json":  # it names the checkpoint it came from
+            assert storage.read_bytes(f"{out}/{name}") == data, name

@@ -117,9 +117,13 @@ def write_merged_model(
     return files
 
 
-@pytest.fixture
-def memory_url():
-    """A fresh memory:// directory (a stand-in for gs://), removed afterwards."""
+@pytest.fixture(params=["memory", "gs"])
+def memory_url(request):
+    """A fresh remote directory: memory:// (fsspec's in-memory stand-in), and gs:// on the GCS
+    protocol server (tests/fixtures/gcs_server.py), removed afterwards."""
+    if request.param == "gs":
+        yield f"{request.getfixturevalue('gcs_bucket')}/dir"
+        return
     url = f"memory://bucket-{uuid.uuid4().hex[:8]}"
     yield url
     fs = fsspec.filesystem("memory")

@@ -7,7 +7,6 @@ import pathlib
 import threading
 import time
 
-import fsspec
 import pytest
 
 from tests.serve.conftest import checksum, write_merged_model
@@ -100,7 +99,8 @@ def test_a_local_directory_can_be_the_source(tmp_path):
 
 def test_a_shard_missing_from_the_source_is_named(memory_url, tmp_path):
     write_merged_model(f"{memory_url}/merged")
-    fsspec.filesystem("memory").rm(f"{memory_url.removeprefix('memory://')}/merged/{SHARD1}")
+    fs, root = storage.filesystem(f"{memory_url}/merged/{SHARD1}")
+    fs.rm_file(root)
     with pytest.raises(
         merged_weights.StagingError, match=f"{SHARD1}: listed in merge_metadata.json"
     ):

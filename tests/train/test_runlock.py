@@ -82,24 +82,26 @@ def test_training_refuses_a_locked_run_directory_before_any_work(config_for, tmp
         proc.wait()
 
 
-@pytest.fixture
-def memory_run():
-    """A run directory on fsspec's in-memory filesystem: the remote (gs://) code path."""
-    import fsspec
+@pytest.fixture(params=["memory", "gs"])
+def memory_run(request):
+    """A remote run directory (the gs:// code path): on fsspec's in-memory filesystem, and in a
+    bucket of the GCS protocol server (generation preconditions as on GCS)."""
+    from workloads.common import storage
 
-    fs = fsspec.filesystem("memory")
+    if request.param == "gs":
+        yield f"{request.getfixturevalue('gcs_bucket')}/run"
+        return
     path = f"memory://locktest-{os.getpid()}-{time.monotonic_ns()}"
     yield path
+    fs, root = storage.filesystem(path)
     with contextlib.suppress(FileNotFoundError):
-        fs.rm(path.removeprefix("memory://"), recursive=True)
+        fs.rm(root, recursive=True)
 
 
 def write_remote_lock(path: str, holder: dict) -> None:
-    import fsspec
+    from workloads.common import storage
 
-    fsspec.filesystem("memory").pipe_file(
-        f"{path}/train.lock".removeprefix("memory://"), json.dumps(holder).encode()
-    )
+    storage.write_bytes_atomic(f"{path}/train.lock", json.dumps(holder).encode())
 
 
 def dead_pid() -> int:

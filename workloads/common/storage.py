@@ -35,6 +35,25 @@ def absolute(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path))
 
 
+def _list_gcs_afresh() -> None:
+    """Turns gcsfs's listings cache off in this process, for every gcsfs instance (fsspec's
+    per-protocol defaults), Orbax's included (etils.epath opens its own through fsspec).
+
+    gcsfs keeps every listing it made for the life of the process. The objects of a run are
+    written by other processes, by TensorStore (Orbax's checkpoint data) and by other gcsfs
+    instances, so a cached listing hides a step saved after it was made, or keeps a prefix alive
+    that another instance deleted: Orbax then saves that step by first deleting the prefix, and
+    the delete fails on objects that are gone.
+    """
+    import fsspec.config
+
+    for protocol in ("gs", "gcs"):
+        fsspec.config.conf.setdefault(protocol, {}).setdefault("use_listings_cache", False)
+
+
+_list_gcs_afresh()
+
+
 def filesystem(path: str) -> tuple[Any, str]:
     """The fsspec filesystem of a local path or URL and the path inside it.
 
@@ -199,6 +218,19 @@ def list_files(path: str) -> list[str]:
     found = fs.find(p)
     prefix = p.rstrip("/") + "/"
     return sorted(f[len(prefix) :] for f in found if f.startswith(prefix))
+
+
+def remove_tree(path: str) -> None:
+    """Deletes a directory and everything under it; in a bucket every object under the prefix
+    (GCS has no directories to delete: gcsfs's recursive rm also tries to delete the prefix
+    itself as an object and reports the missing object)."""
+    if not is_remote(path):
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    fs, p = filesystem(path)
+    found = fs.find(p)
+    if found:
+        fs.rm(found)
 
 
 def upload_file(local: str, remote: str) -> None:

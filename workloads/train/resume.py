@@ -30,22 +30,30 @@ MODEL_ITEM = "model_params"
 OPTIMIZER_ITEM = "optimizer_state"
 STEP_METADATA = "_CHECKPOINT_METADATA"
 DAMAGED_DIR = "damaged_checkpoints"
-# Orbax writes a step under `<step>.orbax-checkpoint-tmp...` and renames it when complete.
+# On a disk Orbax writes a step under `<step>.orbax-checkpoint-tmp...` and renames it when
+# complete. GCS has no rename: there it writes the step's objects under their final `<step>/`
+# prefix and marks the step finished with a last object, `commit_success.txt`.
 PARTIAL_MARK = ".orbax-checkpoint-tmp"
 
 
 def remove_partial_saves(checkpoint_dir: str) -> list[str]:
-    """Removes the temporary directories of saves that never completed (the process was killed,
-    the disk filled up): never a checkpoint, only the space they hold. Returns their names."""
+    """Removes what saves that never completed left (the process was killed, the disk filled up,
+    the upload failed): never a checkpoint, only the space they hold. Returns their names.
+
+    In gs:// that is every step prefix Orbax does not count as finished: left there, a later save
+    of the same step would write its objects among the old ones."""
     if not storage.exists(checkpoint_dir):
         return []
     fs, root = storage.filesystem(checkpoint_dir)
+    finished = set(checkpoints.saved_steps(checkpoint_dir))
+    remote = storage.is_remote(checkpoint_dir)
     removed = []
     for entry in fs.ls(root, detail=False):
         name = entry.rstrip("/").rsplit("/", 1)[-1]
         head = name.split(".", 1)[0]
-        if head.isdigit() and PARTIAL_MARK in name:
-            fs.rm(entry, recursive=True)
+        unfinished = remote and name.isdigit() and int(name) not in finished
+        if head.isdigit() and (PARTIAL_MARK in name or unfinished):
+            storage.remove_tree(runconfig.join(checkpoint_dir, name))
             removed.append(name)
     return removed
 

