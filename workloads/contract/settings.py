@@ -454,6 +454,60 @@ class ServingSettings(Settings):
         return value
 
 
+# The serving settings that change the served model's numbers (what the eval records, so that a
+# score is read next to the numerics it was served with).
+NUMERICS_KEYS = (
+    "profile",
+    "weight_quantization",
+    "kv_cache_dtype",
+    "tensor_parallel_size",
+    "data_parallel_size",
+)
+
+
+def serving_numerics(serve: ServingSettings) -> dict[str, Any]:
+    """The profile and the serving settings that change numerics, as the eval records them.
+
+    Args:
+        serve: the run config's serve section (or any ServingSettings).
+
+    Returns:
+        {key: value} for NUMERICS_KEYS.
+    """
+    return {key: getattr(serve, key) for key in NUMERICS_KEYS}
+
+
+def quantizes(numerics: dict[str, Any] | None) -> bool:
+    """Whether recorded numerics store weights or the KV cache below bf16."""
+    if not numerics:
+        return False
+    return (
+        numerics.get("weight_quantization", "off") != "off"
+        or KV_CACHE_DTYPE_BYTES.get(numerics.get("kv_cache_dtype", "auto"), 2) < 2
+    )
+
+
+def served_with(numerics: dict[str, Any] | None) -> str:
+    """`profile throughput (weights fp8, KV cache fp8, 2 x TP 4)`, or that it is not known.
+
+    Args:
+        numerics: the summary's `serving` record (settings.serving_numerics), or None.
+
+    Returns:
+        The phrase.
+    """
+    if not numerics:
+        return "serving settings not recorded (eval ran without a run config)"
+    weights = numerics.get("weight_quantization", "off")
+    kv = numerics.get("kv_cache_dtype", "auto")
+    replicas = numerics.get("data_parallel_size", "?")
+    tp = numerics.get("tensor_parallel_size", "?")
+    return (
+        f"profile {numerics.get('profile', '?')} (weights {'bf16' if weights == 'off' else weights}"
+        f", KV cache {'bf16' if kv in ('auto', 'bfloat16') else kv}, {replicas} x TP {tp})"
+    )
+
+
 class EvalSettings(Settings):
     """verilog-eval spec-to-rtl pass@k sampling."""
 
