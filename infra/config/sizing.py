@@ -95,9 +95,24 @@ def serving_kv_bytes_per_token_per_chip(
     return (local + glob) * dtype_bytes
 
 
+def serving_weight_bytes_per_chip(model: catalog.ModelSpec, tp: int, quantization: str) -> int:
+    """Served weights on one chip of a replica: the checkpoint / tp at the quantization's bytes
+    per weight. The token embedding stays at bf16 in the sum (on the safe side: the Qwix rule
+    may or may not reach it), everything else is scaled from the bf16 checkpoint size."""
+    embedding = model.vocab_size * model.embed_dim * 2
+    scale = settings.WEIGHT_QUANTIZATION_BYTES[quantization] / 2
+    return int((embedding + (model.weight_bytes - embedding) * scale) / max(1, tp))
+
+
 def serving_hbm_bytes(cfg: StackConfig) -> int:
-    """Estimated HBM per chip for vLLM: weights / tp + KV cache for minConcurrentSequences
-    sequences of maxModelLen tokens (at the KV cache dtype's bytes) + 2 GiB of activations."""
+    """Estimated HBM per chip for vLLM, the same on every chip of every replica:
+
+    weights / tp at weightQuantization's bytes      (serving_weight_bytes_per_chip)
+    + KV cache of minConcurrentSequences x maxModelLen tokens at kvCacheDtype's bytes, per
+      replica (each replica holds its own sequences' cache on its own tp chips)
+    + 2 GiB of activations.
+    The compiled programs load outside this budget, in the (1 - hbmUtilization) rest of the chip
+    (settings.MAX_HBM_UTILIZATION bounds it)."""
     model = cfg.model_spec
     tp = max(1, cfg.serving.tensor_parallel_size)
     if model is None:
@@ -109,7 +124,26 @@ def serving_hbm_bytes(cfg: StackConfig) -> int:
         * cfg.serving.max_model_len
         * cfg.serving.min_concurrent_sequences
     )
-    return int(model.weight_bytes / tp + kv + VLLM_ACTIVATION_RESERVE_BYTES)
+    weights = serving_weight_bytes_per_chip(model, tp, cfg.serving.weight_quantization)
+    return int(weights + kv + VLLM_ACTIVATION_RESERVE_BYTES)
+
+
+def serving_kv_tokens_per_replica(cfg: StackConfig, hbm_bytes_per_chip: int) -> int:
+    """Tokens of KV cache one replica holds once weights and activations are placed in its
+    chips' hbmUtilization share (what the batch can grow into); 0 when nothing is left."""
+    model = cfg.model_spec
+    if model is None:
+        return 0
+    tp = max(1, cfg.serving.tensor_parallel_size)
+    budget = hbm_bytes_per_chip * cfg.serving.hbm_utilization
+    fixed = (
+        serving_weight_bytes_per_chip(model, tp, cfg.serving.weight_quantization)
+        + VLLM_ACTIVATION_RESERVE_BYTES
+    )
+    per_token = serving_kv_bytes_per_token_per_chip(
+        model, tp, settings.KV_CACHE_DTYPE_BYTES[cfg.serving.kv_cache_dtype]
+    )
+    return max(0, int((budget - fixed) // per_token))
 
 
 def training_shm_bytes(cfg: StackConfig) -> int:

@@ -488,15 +488,24 @@ def rule_merge(cfg: StackConfig) -> list[str]:
     return problems
 
 
-@reads("model.name", "serving.accelerator", "serving.enabled", "serving.tensorParallelSize")
+@reads(
+    "model.name",
+    "serving.accelerator",
+    "serving.dataParallelSize",
+    "serving.enabled",
+    "serving.profile",
+    "serving.tensorParallelSize",
+)
 def rule_serving_tp(cfg: StackConfig) -> list[str]:
-    """vLLM's TP fits the slice and the heads (vLLM replicates KV heads, so TP must divide the
-    query heads and either divide or be a multiple of each KV head count)."""
+    """vLLM's replicas x TP use exactly the slice's chips, and TP fits the heads (vLLM
+    replicates KV heads, so TP must divide the query heads and either divide or be a multiple of
+    each KV head count)."""
     if not cfg.serving.enabled:
         return []
     acc = _accelerator(cfg.serving.accelerator)
     model = cfg.model_spec
     tp = cfg.serving.tensor_parallel_size
+    dp = cfg.serving.data_parallel_size
     problems = []
     if tp < 1 or (acc is not None and tp > acc.chips):
         chips = acc.chips if acc else "?"
@@ -504,7 +513,13 @@ def rule_serving_tp(cfg: StackConfig) -> list[str]:
             f"serving.tensorParallelSize: {tp}: between 1 and the {chips} chips of "
             f"{cfg.serving.accelerator}"
         )
-    elif model is not None:
+    elif acc is not None and tp * dp != acc.chips:
+        problems.append(
+            f"serving.dataParallelSize: {dp}, serving.tensorParallelSize: {tp}: replicas x TP = "
+            f"{tp * dp} must equal the {acc.chips} chips of {cfg.serving.accelerator} (e.g. 1 x "
+            f"{acc.chips}, 2 x {acc.chips // 2}; serving.profile: {cfg.serving.profile})"
+        )
+    if model is not None and tp >= 1 and (acc is None or tp <= acc.chips):
         kv_ok = all(kv % tp == 0 or tp % kv == 0 for kv in model.head_counts[1:])
         if model.num_heads % tp or not kv_ok:
             problems.append(
@@ -550,8 +565,10 @@ def _shm_room(acc: catalog.Accelerator) -> str:
     "serving.kvCacheDtype",
     "serving.maxModelLen",
     "serving.minConcurrentSequences",
+    "serving.profile",
     "serving.shmWorkingSetGb",
     "serving.tensorParallelSize",
+    "serving.weightQuantization",
     "training.accelerator",
     "training.attention",
     "training.mesh.fsdp",
@@ -605,12 +622,14 @@ def rule_memory(cfg: StackConfig) -> list[str]:
         if need > budget:
             problems.append(
                 f"{_serving_hbm_keys(cfg)}: estimated HBM per chip {_fmt_gb(need)} (the "
-                f"{_fmt_gb(model.weight_bytes)} of model.name {cfg.model.name!r} / TP + KV cache "
-                f"for {cfg.serving.min_concurrent_sequences} x {cfg.serving.max_model_len} "
-                f"tokens) exceeds {cfg.serving.hbm_utilization:.0%} of the "
+                f"{_fmt_gb(model.weight_bytes)} of model.name {cfg.model.name!r} / TP at "
+                f"weightQuantization {cfg.serving.weight_quantization!r} + KV cache for "
+                f"{cfg.serving.min_concurrent_sequences} x {cfg.serving.max_model_len} "
+                f"tokens per replica) exceeds {cfg.serving.hbm_utilization:.0%} of the "
                 f"{_fmt_gb(serve_acc.hbm_bytes_per_chip)} of {serve_acc.name}; raise "
                 "tensorParallelSize or hbmUtilization, or lower maxModelLen, "
-                "minConcurrentSequences, or set kvCacheDtype fp8"
+                "minConcurrentSequences, or set weightQuantization fp8 or kvCacheDtype fp8 "
+                "(serving.profile: throughput sets both)"
             )
     return problems
 
@@ -622,6 +641,8 @@ _SERVING_HBM_KEYS = (
     ("hbm_utilization", "hbmUtilization"),
     ("max_model_len", "maxModelLen"),
     ("kv_cache_dtype", "kvCacheDtype"),
+    ("weight_quantization", "weightQuantization"),
+    ("profile", "profile"),
 )
 
 

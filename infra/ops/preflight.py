@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from infra.config import model as config_mod
-from infra.config import stack_config, validation
+from infra.config import sizing, stack_config, validation
 from infra.ops import compile_check, stack_client
 from workloads.common import cli_options
 from workloads.contract import catalog
@@ -96,6 +96,34 @@ def slices(cfg: config_mod.StackConfig) -> list[SliceSpec]:
             )
         )
     return specs
+
+
+def serving_summary(cfg: config_mod.StackConfig) -> str | None:
+    """One line on how the serving VM will serve: the profile, replicas x TP, the numerics and
+    the HBM estimate per chip (what validation's HBM rule checks); None when serving is off.
+
+    Args:
+        cfg: the validated stack config.
+
+    Returns:
+        The line, or None.
+    """
+    s = cfg.serving
+    acc = catalog.ACCELERATORS.get(s.accelerator)
+    if not s.enabled or acc is None or cfg.model_spec is None:
+        return None
+    weights = "bf16" if s.weight_quantization == "off" else s.weight_quantization
+    kv = "bf16" if s.kv_cache_dtype in ("auto", "bfloat16") else s.kv_cache_dtype
+    need = sizing.serving_hbm_bytes(cfg)
+    tokens = sizing.serving_kv_tokens_per_replica(cfg, acc.hbm_bytes_per_chip)
+    return (
+        f"serving: profile {s.profile}: {s.data_parallel_size} replica(s) x TP "
+        f"{s.tensor_parallel_size} on {acc.name}, weights {weights}, KV cache {kv}; "
+        f"estimated HBM per chip {need / catalog.GB:.1f} GB for "
+        f"{s.min_concurrent_sequences} x {s.max_model_len} tokens per replica, of "
+        f"{s.hbm_utilization:g} x {acc.hbm_bytes_per_chip / catalog.GB:.1f} GB; KV cache room "
+        f"~{tokens // 1000}K tokens per replica"
+    )
 
 
 def _api_error_types() -> tuple[type[BaseException], type[BaseException]]:
@@ -343,6 +371,9 @@ def main(
             print(f"note: `pulumi up` refuses this stack as it is: {problem}")
         return _compile_check(stack, cfg, args.depths)
     print(f"preflight: stack {stack} (project {cfg.project}), read-only")
+    summary = serving_summary(cfg)
+    if summary:
+        print(summary)
     for warning in validation.cross_region_fallbacks(cfg):
         print(f"WARN  {warning}")
     ok, report = verdict(

@@ -107,7 +107,12 @@ def test_eval_reads_the_run_config(openai_server, problems_dir, tmp_path):
         "model": {"base": str(tmp_path / "base")},
         "data": {"dataset": str(tmp_path / "data.jsonl")},
         "train": {"output_dir": str(tmp_path / "run")},
-        "serve": {"model_dir": str(tmp_path / "merged"), "served_model_name": "gemma-ft"},
+        "serve": {
+            "model_dir": str(tmp_path / "merged"),
+            "served_model_name": "gemma-ft",
+            "profile": "throughput",
+            "kv_cache_dtype": "auto",
+        },
         "eval": {
             "problems_dir": problems_dir,
             "results_dir": str(tmp_path / "eval"),
@@ -124,6 +129,19 @@ def test_eval_reads_the_run_config(openai_server, problems_dir, tmp_path):
     assert {(r["model"], r["temperature"]) for r in openai_server.requests} == {("gemma-ft", 0.2)}
     summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
     assert (summary["problems"], summary["n"], summary["pass_at"]) == (1, 2, {"1": 1.0, "2": 1.0})
+    # The scores are recorded with the profile and the numerics they were served under (an
+    # explicit key overriding the profile's value included).
+    assert summary["serving"] == {
+        "profile": "throughput",
+        "weight_quantization": "fp8",
+        "kv_cache_dtype": "auto",
+        "tensor_parallel_size": 4,
+        "data_parallel_size": 2,
+    }
+    assert (
+        "Served with: profile throughput (weights fp8, KV cache bf16, 2 x TP 4)."
+        in (tmp_path / "eval" / "summary.md").read_text()
+    )
 
 
 def test_a_list_with_no_k_within_n_is_refused(problems_dir, tmp_path, capsys):

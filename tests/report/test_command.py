@@ -318,3 +318,70 @@ def test_a_bad_stage_row_is_one_line(summaries, tmp_path, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "stages" in err and "yesterday" in err and "Traceback" not in err
+
+
+THROUGHPUT = {
+    "profile": "throughput",
+    "weight_quantization": "fp8",
+    "kv_cache_dtype": "fp8",
+    "tensor_parallel_size": 4,
+    "data_parallel_size": 2,
+}
+PAPER = {**THROUGHPUT, "profile": "paper", "weight_quantization": "off", "kv_cache_dtype": "auto"}
+
+
+def _with_serving(path, numerics, pass_at_1):
+    data = json.loads(path.read_text())
+    data["serving"] = numerics
+    data["pass_at"] = {"1": pass_at_1, "5": 0.8}
+    path.write_text(json.dumps(data))
+
+
+def _report(summaries, tmp_path, *extra):
+    out = tmp_path / "report"
+    argv = [
+        "report",
+        "--bench-summary",
+        str(summaries["bench"]),
+        "--eval-summary",
+        str(summaries["eval"]),
+        "--out",
+        str(out),
+        "--serve-accelerator",
+        "v6e-8",
+        *extra,
+    ]
+    assert cli.main(argv) == 0
+    return (out / "report.md").read_text()
+
+
+def test_a_quantized_profile_is_judged_against_the_same_models_bf16_pass_at_1(summaries, tmp_path):
+    _with_serving(summaries["eval"], THROUGHPUT, 0.62)
+    baseline = tmp_path / "bf16" / "summary.json"
+    baseline.parent.mkdir()
+    baseline.write_text(summaries["eval"].read_text())
+    _with_serving(baseline, PAPER, 0.65)
+    text = _report(summaries, tmp_path, "--baseline-eval-summary", str(baseline))
+    assert "## Quality, throughput and cost per serving profile" in text
+    assert (
+        "| profile throughput (weights fp8, KV cache fp8, 2 x TP 4) | 0.620 | 2,400.0 | $2.49 |"
+        in text
+    )
+    assert "| profile paper (weights bf16, KV cache bf16, 2 x TP 4) (baseline) | 0.650 |" in text
+    assert (
+        "Quantized vs bf16 serving of the same model: pass@1 0.620 vs 0.650, +3.0 points lost."
+        in text
+    )
+
+
+def test_a_quantized_profile_without_a_baseline_says_it_is_not_judged(summaries, tmp_path):
+    _with_serving(summaries["eval"], THROUGHPUT, 0.62)
+    text = _report(summaries, tmp_path)
+    assert "Quantized serving, not judged: no bf16 eval of the same model" in text
+
+
+def test_a_bf16_profile_needs_no_judgement(summaries, tmp_path):
+    _with_serving(summaries["eval"], PAPER, 0.65)
+    text = _report(summaries, tmp_path)
+    assert "| profile paper (weights bf16, KV cache bf16, 2 x TP 4) | 0.650 |" in text
+    assert "Quantized" not in text

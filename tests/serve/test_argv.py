@@ -1,5 +1,6 @@
 """Golden argv lists for `docker run ... vllm serve`, `docker exec ... vllm bench serve`, stop."""
 
+import json
 import math
 
 import pytest
@@ -35,6 +36,8 @@ def test_staged_model_is_served_offline_from_shm_with_the_papers_flags():
         "-e",
         "VLLM_XLA_CACHE_PATH=/root/.cache/vllm/xla_cache",
         "-e",
+        "VLLM_ENGINE_READY_TIMEOUT_S=1800",
+        "-e",
         "HF_HUB_OFFLINE=1",
         "-e",
         "TRANSFORMERS_OFFLINE=1",
@@ -47,6 +50,8 @@ def test_staged_model_is_served_offline_from_shm_with_the_papers_flags():
         "gemma-4-31b-verilog",
         "--tensor-parallel-size",
         "8",
+        "--data-parallel-size",
+        "1",
         "--max-model-len",
         "16384",
         "--max-num-seqs",
@@ -96,6 +101,8 @@ def test_hub_model_gets_the_token_by_name_only_and_no_offline_mode(monkeypatch):
         "-e",
         "VLLM_XLA_CACHE_PATH=/root/.cache/vllm/xla_cache",
         "-e",
+        "VLLM_ENGINE_READY_TIMEOUT_S=1800",
+        "-e",
         "HF_TOKEN",
         "-e",
         "HF_HOME=/dev/shm/huggingface",
@@ -108,6 +115,8 @@ def test_hub_model_gets_the_token_by_name_only_and_no_offline_mode(monkeypatch):
         "gemma-4-31b-verilog",
         "--tensor-parallel-size",
         "4",
+        "--data-parallel-size",
+        "1",
         "--max-model-len",
         "8192",
         "--max-num-seqs",
@@ -339,6 +348,7 @@ def test_one_argument_list_two_launchers():
     assert flags[-2:] == ["--dtype", "float32"]
     assert argv.process_env(serve, source) == {
         "VLLM_CPU_KVCACHE_SPACE": "1.5",
+        "VLLM_ENGINE_READY_TIMEOUT_S": "1800",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
     }
@@ -357,3 +367,55 @@ def test_one_argument_list_two_launchers():
     assert local_bench[:3] == ["/repo/.venv-serve/bin/python", "-c", argv.BENCH_SERVE_SHIM]
     assert docker_bench[:6] == ["docker", "exec", "gemma4-vllm", "vllm", "bench", "serve"]
     assert local_bench[3:] == docker_bench[6:] == argv.bench_args(serve, bench, source, **kwargs)
+
+
+def test_the_throughput_profile_is_googles_v6e_configuration():
+    """serving.profile throughput: 2 replicas of TP 4, fp8 weights by the Qwix rule and fp8 KV,
+    async scheduling as flags; the batched kernel and the engine timeout as variables of the
+    container (and of the local process)."""
+    serve = _serve(profile="throughput")
+    source = argv.model_source(serve)
+    flags = argv.engine_args(serve)
+    assert flags[flags.index("--tensor-parallel-size") + 1] == "4"
+    assert flags[flags.index("--data-parallel-size") + 1] == "2"
+    assert flags[flags.index("--kv-cache-dtype") + 1] == "fp8"
+    assert "--async-scheduling" in flags and "--block-size" not in flags
+    assert json.loads(flags[flags.index("--additional-config") + 1]) == {
+        "quantization": {
+            "qwix": {
+                "rules": [
+                    {
+                        "module_path": ".*",
+                        "weight_qtype": "float8_e4m3fn",
+                        "act_qtype": "float8_e4m3fn",
+                    }
+                ]
+            }
+        }
+    }
+    container = argv.serve_argv(serve, source)
+    env = [container[i + 1] for i, a in enumerate(container) if a == "-e"]
+    assert "USE_BATCHED_RPA_KERNEL=1" in env and "VLLM_ENGINE_READY_TIMEOUT_S=1800" in env
+    assert argv.process_env(serve, source)["USE_BATCHED_RPA_KERNEL"] == "1"
+
+
+def test_explicit_keys_override_the_profile():
+    serve = _serve(
+        profile="throughput", weight_quantization="off", async_scheduling=False, block_size=256
+    )
+    flags = argv.engine_args(serve)
+    assert "--additional-config" not in flags
+    assert "--no-async-scheduling" in flags
+    assert flags[flags.index("--block-size") + 1] == "256"
+    assert flags[flags.index("--kv-cache-dtype") + 1] == "fp8"  # still the profile's
+
+
+def test_the_paper_profile_leaves_the_engine_its_own_choices():
+    flags = argv.engine_args(_serve())
+    assert not {
+        "--additional-config",
+        "--async-scheduling",
+        "--no-async-scheduling",
+        "--block-size",
+    } & set(flags)
+    assert "USE_BATCHED_RPA_KERNEL" not in argv.engine_env(_serve())

@@ -166,6 +166,8 @@ def served(merged, tmp_path_factory):  # noqa: F811 - the imported session fixtu
 @needs_engine
 def test_vllm_serves_what_was_trained(served, lora_run):  # noqa: F811
     url = argv.local_url(served)
+    # Two replicas behind one API server (the throughput profile's mechanism, at TP 1).
+    assert served.data_parallel_size == 2
     assert demo_serving.server_version(url) == demo_serving.catalog.VLLM_RELEASE
     result = parity.check(
         str(lora_run.base),

@@ -65,9 +65,15 @@ def verdicts() -> dict[str, str | None]:
         extra_args=("--dtype", "float32", "--hf-overrides", '{"architectures": ["X"]}'),
     )
     misspelled = _serve(extra_args=("--max-num-seqz", "8"))
+    # Google's v6e-8 configuration: DP 2 x TP 4, the Qwix fp8 rule, fp8 KV, async scheduling;
+    # and its overrides: a block size and async scheduling switched off.
+    throughput = _serve(profile="throughput")
+    overridden = _serve(profile="throughput", block_size=256, async_scheduling=False)
     cases = {
         "tpu serve": ("serve", _docker_engine_argv(tpu)),
         "tpu serve, fp8 kv": ("serve", _docker_engine_argv(fp8)),
+        "tpu serve, throughput profile": ("serve", _docker_engine_argv(throughput)),
+        "tpu serve, throughput overridden": ("serve", _docker_engine_argv(overridden)),
         "local serve": ("serve", _process_engine_argv(demo)),
         "tpu bench": ("bench", _bench_argv(tpu, launcher="docker")),
         "local bench": ("bench", _bench_argv(demo, launcher="process")),
@@ -83,7 +89,16 @@ def verdicts() -> dict[str, str | None]:
 
 
 @pytest.mark.parametrize(
-    "case", ["tpu serve", "tpu serve, fp8 kv", "local serve", "tpu bench", "local bench"]
+    "case",
+    [
+        "tpu serve",
+        "tpu serve, fp8 kv",
+        "tpu serve, throughput profile",
+        "tpu serve, throughput overridden",
+        "local serve",
+        "tpu bench",
+        "local bench",
+    ],
 )
 def test_vllm_accepts_the_flags_we_build(verdicts, case):
     assert verdicts[case] is None, verdicts[case]

@@ -233,6 +233,75 @@ KvCacheDtype = Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 KV_CACHE_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
 
+WeightQuantization = Literal["off", "fp8"]
+"""How the served weights are stored: off = the merged model's bf16; fp8 = tpu-inference
+quantizes every module's weights and activations to float8_e4m3fn at load with a Qwix rule
+(`--additional-config`), as Google's daily v6e-8 benchmark of Gemma 4 31B does. int8 is not
+offered: tpu-inference lists INT8 W8A8 for v5/v6 only as a pre-quantized compressed-tensors
+checkpoint, marked untested, not as an on-load Qwix rule."""
+
+ServingProfile = Literal["paper", "throughput"]
+
+# fp8 on load: every module (module_path ".*"), weights and activations, float8_e4m3fn: the rule
+# of tpu-inference's daily Gemma 4 31B benchmark (.buildkite/benchmark/cases/daily/).
+QWIX_FP8_RULES = {
+    "quantization": {
+        "qwix": {
+            "rules": [
+                {
+                    "module_path": ".*",
+                    "weight_qtype": "float8_e4m3fn",
+                    "act_qtype": "float8_e4m3fn",
+                }
+            ]
+        }
+    }
+}
+
+# Bytes per stored weight of each quantization (embeddings are counted at bf16 either way:
+# workloads' sizing does not assume the rule reaches them).
+WEIGHT_QUANTIZATION_BYTES = {"off": 2, "fp8": 1}
+
+SERVING_PROFILES: dict[str, dict[str, Any]] = {
+    # The paper's configuration: one server over the 8 chips, bf16 weights and KV cache, the
+    # engine's own scheduling choices.
+    "paper": {
+        "tensor_parallel_size": 8,
+        "data_parallel_size": 1,
+        "weight_quantization": "off",
+        "kv_cache_dtype": "auto",
+        "batched_attention_kernel": False,
+        "async_scheduling": None,
+        "block_size": None,
+    },
+    # Google's daily v6e-8 benchmark of Gemma 4 31B (tpu-inference, Gemma4-31B-*.json): two
+    # replicas of TP 4, fp8 weights+activations (Qwix) and KV cache, the batched ragged paged
+    # attention kernel, async scheduling.
+    "throughput": {
+        "tensor_parallel_size": 4,
+        "data_parallel_size": 2,
+        "weight_quantization": "fp8",
+        "kv_cache_dtype": "fp8",
+        "batched_attention_kernel": True,
+        "async_scheduling": True,
+        "block_size": None,
+    },
+}
+"""The values each serving profile gives the keys it names; a key the config sets overrides."""
+
+# The environment variable tpu-inference reads to use the batched ragged paged attention kernel
+# (tpu_inference/envs.py, default off).
+BATCHED_ATTENTION_ENV = "USE_BATCHED_RPA_KERNEL"
+# vLLM's wait for its engine processes to start (vllm/envs.py, default 600 s); compiling the 31B
+# model's programs on a cold cache can take longer.
+ENGINE_READY_TIMEOUT_ENV = "VLLM_ENGINE_READY_TIMEOUT_S"
+# The most of each chip's HBM vLLM may be given: the rest holds the compiled programs, which
+# load outside vLLM's budget. 0.98 is the highest value a tpu-inference maintainer verified for
+# Gemma 4 31B on v6e (issue 2333, TP 4, 16K context); tpu-inference's CI runs 31B at 0.90 after
+# the torchax path's programs (~6 GiB on tpu7x) failed to load at 0.95.
+MAX_HBM_UTILIZATION = 0.98
+
+
 class ServingSettings(Settings):
     """vLLM serving of the merged model."""
 
@@ -242,8 +311,52 @@ class ServingSettings(Settings):
     served_model_name: str = pydantic.Field(
         "gemma-4-31b-verilog", description="Model name in /v1/models."
     )
+    profile: ServingProfile = pydantic.Field(
+        "paper",
+        description="Named serving configuration that gives the keys it sets their values (a key "
+        "set here overrides it): paper = 1 replica of TP 8, bf16 weights and KV cache; "
+        "throughput = Google's v6e-8 benchmark: 2 replicas of TP 4, fp8 weights (Qwix) and KV "
+        "cache, batched attention kernel, async scheduling.",
+    )
     tensor_parallel_size: int = pydantic.Field(
-        8, ge=1, description="vLLM tensor parallelism (<= chips)."
+        8,
+        ge=1,
+        description="vLLM tensor parallelism: chips per replica (default from profile: paper 8, "
+        "throughput 4).",
+    )
+    data_parallel_size: int = pydantic.Field(
+        1,
+        ge=1,
+        description="Replicas of the model on the VM (--data-parallel-size); replicas x "
+        "tensorParallelSize must equal the chips (default from profile: paper 1, throughput 2).",
+    )
+    weight_quantization: WeightQuantization = pydantic.Field(
+        "off",
+        description="Weights as served: off = bf16; fp8 = float8_e4m3fn weights and activations "
+        "quantized at load by tpu-inference's Qwix rule (--additional-config), half the weight "
+        "HBM, no faster matmuls on v6e (its matrix unit has no fp8) (default from profile: paper "
+        "off, throughput fp8).",
+    )
+    batched_attention_kernel: bool = pydantic.Field(
+        False,
+        description="Use tpu-inference's batched ragged paged attention kernel "
+        "(USE_BATCHED_RPA_KERNEL=1) (default from profile: paper false, throughput true).",
+    )
+    async_scheduling: bool | None = pydantic.Field(
+        None,
+        description="vLLM async scheduling (--async-scheduling / --no-async-scheduling); null = "
+        "the engine decides (default from profile: paper null, throughput true).",
+    )
+    block_size: int | None = pydantic.Field(
+        None,
+        description="Tokens per KV cache block (--block-size), a positive multiple of 16; null = "
+        "the engine's default (default from profile: null in both).",
+    )
+    engine_ready_timeout_s: int = pydantic.Field(
+        1800,
+        ge=60,
+        description="Seconds vLLM waits for its engine processes to start "
+        "(VLLM_ENGINE_READY_TIMEOUT_S; vLLM's default 600 can be shorter than a cold compile).",
     )
     max_model_len: int = pydantic.Field(
         16384, ge=1, description="Longest request, prompt + output."
@@ -270,10 +383,53 @@ class ServingSettings(Settings):
     hbm_utilization: float = pydantic.Field(
         0.9,
         gt=0,
-        le=1,
         description="Fraction of each chip's HBM vLLM may use for weights, activations and KV "
-        "cache (--gpu-memory-utilization).",
+        "cache (--gpu-memory-utilization), at most 0.98: the rest holds the compiled programs.",
     )
+
+    @pydantic.model_validator(mode="wrap")
+    @classmethod
+    def _profile_values(cls, data: Any, handler: pydantic.ModelWrapValidatorHandler[Any]) -> Any:
+        """The profile's values for the keys the input does not set (by name or alias); they do
+        not count as set (model_fields_set keeps meaning "the user wrote it")."""
+        if not isinstance(data, dict):
+            return handler(data)
+        profile_field = cls.model_fields["profile"]
+        profile = data.get(profile_field.alias or "profile", data.get("profile", "paper"))
+        values = SERVING_PROFILES.get(profile) if isinstance(profile, str) else None
+        if values is None:
+            return handler(data)  # the profile field's own check names the allowed profiles
+        filled = dict(data)
+        added = set()
+        for name, value in values.items():
+            alias = cls.model_fields[name].alias or name
+            if name not in data and alias not in data:
+                filled[alias] = value
+                added.add(name)
+        model = handler(filled)
+        model.model_fields_set.difference_update(added)
+        return model
+
+    @pydantic.field_validator("hbm_utilization")
+    @classmethod
+    def _room_for_programs(cls, value: float) -> float:
+        """Allowed: above 0 and at most MAX_HBM_UTILIZATION."""
+        if value > MAX_HBM_UTILIZATION:
+            raise ValueError(
+                f"above {MAX_HBM_UTILIZATION}: the rest of each chip's HBM holds the compiled "
+                "programs, which load outside vLLM's share; use 0.9 (tpu-inference's CI value "
+                f"for Gemma 4 31B) up to {MAX_HBM_UTILIZATION}"
+            )
+        return value
+
+    @pydantic.field_validator("block_size")
+    @classmethod
+    def _whole_blocks(cls, value: int | None) -> int | None:
+        """Allowed: null or a positive multiple of 16."""
+        # vLLM's attention backends page the KV cache in multiples of 16 tokens.
+        if value is not None and (value <= 0 or value % 16):
+            raise ValueError("null (the engine's default) or a positive multiple of 16 (e.g. 256)")
+        return value
 
     @pydantic.field_validator("max_num_batched_tokens")
     @classmethod
@@ -296,6 +452,60 @@ class ServingSettings(Settings):
         if problem:
             raise ValueError(problem)
         return value
+
+
+# The serving settings that change the served model's numbers (what the eval records, so that a
+# score is read next to the numerics it was served with).
+NUMERICS_KEYS = (
+    "profile",
+    "weight_quantization",
+    "kv_cache_dtype",
+    "tensor_parallel_size",
+    "data_parallel_size",
+)
+
+
+def serving_numerics(serve: ServingSettings) -> dict[str, Any]:
+    """The profile and the serving settings that change numerics, as the eval records them.
+
+    Args:
+        serve: the run config's serve section (or any ServingSettings).
+
+    Returns:
+        {key: value} for NUMERICS_KEYS.
+    """
+    return {key: getattr(serve, key) for key in NUMERICS_KEYS}
+
+
+def quantizes(numerics: dict[str, Any] | None) -> bool:
+    """Whether recorded numerics store weights or the KV cache below bf16."""
+    if not numerics:
+        return False
+    return (
+        numerics.get("weight_quantization", "off") != "off"
+        or KV_CACHE_DTYPE_BYTES.get(numerics.get("kv_cache_dtype", "auto"), 2) < 2
+    )
+
+
+def served_with(numerics: dict[str, Any] | None) -> str:
+    """`profile throughput (weights fp8, KV cache fp8, 2 x TP 4)`, or that it is not known.
+
+    Args:
+        numerics: the summary's `serving` record (settings.serving_numerics), or None.
+
+    Returns:
+        The phrase.
+    """
+    if not numerics:
+        return "serving settings not recorded (eval ran without a run config)"
+    weights = numerics.get("weight_quantization", "off")
+    kv = numerics.get("kv_cache_dtype", "auto")
+    replicas = numerics.get("data_parallel_size", "?")
+    tp = numerics.get("tensor_parallel_size", "?")
+    return (
+        f"profile {numerics.get('profile', '?')} (weights {'bf16' if weights == 'off' else weights}"
+        f", KV cache {'bf16' if kv in ('auto', 'bfloat16') else kv}, {replicas} x TP {tp})"
+    )
 
 
 class EvalSettings(Settings):

@@ -115,12 +115,14 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     """Merges the command line over the config's eval section over the schema defaults."""
     section: dict[str, Any] = {}
     served_model = None
+    numerics = None
     if args.config:
         config = runconfig.load(args.config)
         if config.eval is None:
             raise errors.UserError(f"{args.config}: has no `eval` section")
         section = config.eval.model_dump()
         served_model = config.serve.served_model_name if config.serve else None
+        numerics = settings_lib.serving_numerics(config.serve) if config.serve else None
 
     def pick(flag: Any, key: str) -> Any:
         if flag is not None:
@@ -141,6 +143,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "concurrency": pick(args.concurrency, "concurrency"),
         "sim_timeout_s": pick(args.sim_timeout, "sim_timeout_s"),
         "ks": tuple(pick(args.ks, "ks")),
+        # The serving profile and numerics the scores were produced under (None: no config).
+        "serving": numerics,
     }
     missing = [
         flag
@@ -155,7 +159,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     # a timeout > 0, ...): one definition of what is allowed.
     try:
         checked = runconfig.EvalRunSection.model_validate(
-            {k: v for k, v in settings.items() if k != "model"}
+            {k: v for k, v in settings.items() if k not in ("model", "serving")}
         )
     except pydantic.ValidationError as exc:
         lines = settings_lib.problem_lines(exc.errors(), runconfig.EvalRunSection)
@@ -348,6 +352,7 @@ def _summary(
         "max_tokens": settings["max_tokens"],
         "model": model,
         "endpoint": settings["endpoint"],
+        "serving": settings.get("serving"),
         "problems_dir": settings["problems_dir"],
         "system_prompt": system_prompt,
         "sim_timeout_s": settings["sim_timeout_s"],
@@ -370,6 +375,8 @@ def render_markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f"Model `{summary['model']}` at {summary['endpoint']}: {summary['problems']} problems, "
         f"n={summary['n']}, temperature {summary['temperature']}, top_p {summary['top_p']}, "
         f"max {summary['max_tokens']} new tokens, {summary['sim_timeout_s']:g} s per simulation.",
+        "",
+        f"Served with: {settings_lib.served_with(summary.get('serving'))}.",
         "",
         "| metric | this run | paper |",
         "|---|---|---|",

@@ -17,6 +17,7 @@ from typing import Any
 
 from workloads.common import cli_options, errors, logs, storage
 from workloads.contract import catalog, runconfig
+from workloads.contract import settings as settings_lib
 from workloads.evaluation import judge
 from workloads.report import costs, summaries
 
@@ -38,6 +39,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--eval-summary", type=storage.absolute, help="eval summary.json (local or gs://)"
+    )
+    parser.add_argument(
+        "--baseline-eval-summary",
+        type=storage.absolute,
+        help="eval summary.json of the same model served at bf16 (serving.profile paper): a "
+        "quantizing profile's pass@1 is judged against it",
     )
     parser.add_argument(
         "--out",
@@ -119,6 +126,15 @@ def main(args: argparse.Namespace) -> int:
         train_summary = summaries.check_train_summary(train_summary, found["train"])
     if eval_summary is not None and not isinstance(eval_summary, dict):
         raise errors.UserError(f"{found['eval']}: expected a JSON object")
+    baseline = None
+    if getattr(args, "baseline_eval_summary", None):
+        if not storage.exists(args.baseline_eval_summary):
+            raise errors.UserError(
+                f"--baseline-eval-summary {args.baseline_eval_summary}: file not found"
+            )
+        baseline = _read_json(args.baseline_eval_summary, "the baseline eval summary")
+        if not isinstance(baseline, dict):
+            raise errors.UserError(f"{args.baseline_eval_summary}: expected a JSON object")
 
     train_acc = _accelerator(args.train_accelerator, "--train-accelerator")
     notes: list[str] = []
@@ -181,6 +197,8 @@ def main(args: argparse.Namespace) -> int:
             "this run": pass_at,
             "paper TPU": {"1": catalog.PAPER.pass_at_1, "5": catalog.PAPER.pass_at_5},
             "outcomes": _outcome_counts(eval_summary),
+            "serving": (eval_summary or {}).get("serving"),
+            "bf16 baseline": (baseline or {}).get("pass_at"),
         },
         "eval": eval_summary,
         "stages": (train_summary or {}).get("stages"),
@@ -192,7 +210,12 @@ def main(args: argparse.Namespace) -> int:
     storage.write_text_atomic(
         runconfig.join(out, "report.md"),
         render_markdown(
-            platforms, found, eval_summary, notes, stage_rows=(train_summary or {}).get("stages")
+            platforms,
+            found,
+            eval_summary,
+            notes,
+            stage_rows=(train_summary or {}).get("stages"),
+            baseline=baseline,
         ),
     )
     logs.get("report").info(f"wrote {out}/report.md")
@@ -249,6 +272,7 @@ def render_markdown(
     eval_summary: dict[str, Any] | None,
     notes: list[str],
     stage_rows: list[dict[str, Any]] | None = None,
+    baseline: dict[str, Any] | None = None,
 ) -> str:
     """The report text: one table per figure, each next to the paper's, and the PNGs."""
     head = "| | " + " | ".join(p.label for p in platforms) + " |"
@@ -356,7 +380,66 @@ def render_markdown(
             f"{_num(paper.get(k), '{:.3f}') if k in paper else 'n/a'} |"
         )
     lines += ["", *_outcome_lines(eval_summary), "", "![pass@k](quality.png)", ""]
+    lines += profile_lines(eval_summary, baseline, platforms[0])
     return "\n".join(lines)
+
+
+def _peak(platform: costs.Platform) -> tuple[float | None, float | None]:
+    """The best output tokens/s over the bench shapes, and its $/1M tokens."""
+    measured = [v for v in platform.serving.values() if v[0] is not None]
+    return max(measured, key=lambda v: v[0] or 0.0) if measured else (None, None)
+
+
+def profile_lines(
+    eval_summary: dict[str, Any] | None,
+    baseline: dict[str, Any] | None,
+    platform: costs.Platform,
+) -> list[str]:
+    """Quality next to throughput and cost per serving profile, and, for a profile that quantizes,
+    one line on how much pass@1 it lost against the same model's bf16 eval.
+
+    Args:
+        eval_summary: this run's eval summary (its `serving` record names the profile).
+        baseline: an eval summary of the same model served at bf16, or None.
+        platform: this run's column (its bench results and rates).
+
+    Returns:
+        Markdown lines (empty without an eval summary).
+    """
+    if not eval_summary:
+        return []
+    numerics = eval_summary.get("serving")
+    tps, usd = _peak(platform)
+    lines = [
+        "## Quality, throughput and cost per serving profile",
+        "",
+        "| served with | pass@1 | peak output tok/s | $/1M output tokens |",
+        "|---|---|---|---|",
+        f"| {settings_lib.served_with(numerics)} | "
+        f"{_num((eval_summary.get('pass_at') or {}).get('1'), '{:.3f}')} | {_num(tps)} | "
+        f"{_usd(usd)} |",
+    ]
+    if baseline:
+        lines.append(
+            f"| {settings_lib.served_with(baseline.get('serving'))} (baseline) | "
+            f"{_num((baseline.get('pass_at') or {}).get('1'), '{:.3f}')} | {MISSING} | {MISSING} |"
+        )
+    lines.append("")
+    if settings_lib.quantizes(numerics):
+        ours = (eval_summary.get("pass_at") or {}).get("1")
+        base = (baseline or {}).get("pass_at", {}).get("1") if baseline else None
+        if baseline is None or settings_lib.quantizes(baseline.get("serving")) or base is None:
+            lines.append(
+                "Quantized serving, not judged: no bf16 eval of the same model to compare with "
+                "(pass --baseline-eval-summary with an eval run under serving.profile paper)."
+            )
+        elif ours is not None:
+            lines.append(
+                f"Quantized vs bf16 serving of the same model: pass@1 {ours:.3f} vs {base:.3f}, "
+                f"{(base - ours) * 100:+.1f} points lost."
+            )
+        lines.append("")
+    return lines
 
 
 def _outcome_counts(eval_summary: dict[str, Any] | None) -> dict[str, int] | None:

@@ -23,12 +23,13 @@ vLLM facts these lists rely on:
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 from collections.abc import Callable
 from typing import Literal
 
-from workloads.contract import runconfig
+from workloads.contract import runconfig, settings
 
 # Where the host's compile-cache directory appears inside the container (vLLM's default path,
 # and the variable is set too, so both agree).
@@ -102,13 +103,15 @@ def _under(path: str, root: str) -> bool:
 
 def engine_args(serve: runconfig.ServingRunSection) -> list[str]:
     """The vLLM server flags after the model, the same for both launchers: the served name, the
-    parallelism and length, the batching and memory knobs, the bind address, then
-    serve.extra_args."""
-    return [
+    parallelism (replicas x TP) and length, the batching, memory and numerics knobs, the bind
+    address, then serve.extra_args."""
+    args = [
         "--served-model-name",
         serve.served_model_name,
         "--tensor-parallel-size",
         str(serve.tensor_parallel_size),
+        "--data-parallel-size",
+        str(serve.data_parallel_size),
         "--max-model-len",
         str(serve.max_model_len),
         "--max-num-seqs",
@@ -119,6 +122,15 @@ def engine_args(serve: runconfig.ServingRunSection) -> list[str]:
         f"{serve.hbm_utilization:g}",
         "--kv-cache-dtype",
         serve.kv_cache_dtype,
+    ]
+    if serve.block_size is not None:
+        args += ["--block-size", str(serve.block_size)]
+    if serve.weight_quantization == "fp8":
+        args += ["--additional-config", json.dumps(settings.QWIX_FP8_RULES, separators=(",", ":"))]
+    if serve.async_scheduling is not None:
+        args.append("--async-scheduling" if serve.async_scheduling else "--no-async-scheduling")
+    return [
+        *args,
         "--disable_chunked_mm_input",
         "--host",
         serve.host,
@@ -126,6 +138,15 @@ def engine_args(serve: runconfig.ServingRunSection) -> list[str]:
         str(serve.port),
         *serve.extra_args,
     ]
+
+
+def engine_env(serve: runconfig.ServingRunSection) -> dict[str, str]:
+    """Variables the engine reads, the same for both launchers: vLLM's engine start timeout and,
+    when chosen, tpu-inference's batched attention kernel."""
+    env = {settings.ENGINE_READY_TIMEOUT_ENV: str(serve.engine_ready_timeout_s)}
+    if serve.batched_attention_kernel:
+        env[settings.BATCHED_ATTENTION_ENV] = "1"
+    return env
 
 
 def serve_argv(
@@ -161,6 +182,8 @@ def serve_argv(
     if source.kind != "hub" and not _under(source.serve_path, SHM):
         argv += ["-v", f"{source.serve_path}:{source.serve_path}:ro"]
     argv += ["-e", f"{XLA_CACHE_ENV}={CONTAINER_XLA_CACHE}"]
+    for name, value in engine_env(serve).items():
+        argv += ["-e", f"{name}={value}"]
     if source.from_hub:
         argv += ["-e", HF_TOKEN_ENV, "-e", f"HF_HOME={HUB_CACHE_DIR}"]
     else:
@@ -179,8 +202,9 @@ def process_serve_argv(serve: runconfig.ServingRunSection, source: ModelSource) 
 
 def process_env(serve: runconfig.ServingRunSection, source: ModelSource) -> dict[str, str]:
     """Variables the local server process gets on top of the caller's environment: the CPU KV
-    cache size, and offline mode for a local model (as the container gets it)."""
-    env = {CPU_KV_CACHE_ENV: f"{serve.cpu_kv_cache_gib:g}"}
+    cache size, the engine's variables, and offline mode for a local model (as the container gets
+    them)."""
+    env = {CPU_KV_CACHE_ENV: f"{serve.cpu_kv_cache_gib:g}", **engine_env(serve)}
     if not source.from_hub:
         env.update(OFFLINE_ENV)
     return env

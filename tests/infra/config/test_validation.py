@@ -132,9 +132,9 @@ CASES = [
         PROD,
         {"serving": {"minConcurrentSequences": 64}},
         True,
-        "serving.minConcurrentSequences: 64, serving.tensorParallelSize: 8, "
-        "serving.maxModelLen: 16384, serving.hbmUtilization: 0.9, serving.kvCacheDtype: 'auto': "
-        "estimated HBM per chip",
+        "serving.minConcurrentSequences: 64, serving.maxModelLen: 16384, "
+        "serving.profile: 'paper', serving.tensorParallelSize: 8, serving.hbmUtilization: 0.9, "
+        "serving.kvCacheDtype: 'auto', serving.weightQuantization: 'off': estimated HBM per chip",
     ),
     (
         # Too small a share of HBM: every key that feeds the estimate and its budget is named,
@@ -143,11 +143,13 @@ CASES = [
         PROD,
         {"serving": {"hbmUtilization": 0.3}},
         True,
-        "serving.tensorParallelSize: 8, serving.hbmUtilization: 0.3, serving.maxModelLen: 16384, "
-        "serving.minConcurrentSequences: 1, serving.kvCacheDtype: 'auto': estimated HBM per "
-        "chip 12.0 GB (the 62.5 GB of model.name 'gemma-4-31b' / TP + KV cache for 1 x 16384 "
-        "tokens) exceeds 30% of the 32.0 GB of v6e-8; raise tensorParallelSize or "
-        "hbmUtilization, or lower maxModelLen, minConcurrentSequences, or set kvCacheDtype fp8",
+        "serving.hbmUtilization: 0.3, serving.maxModelLen: 16384, serving.profile: 'paper', "
+        "serving.minConcurrentSequences: 1, serving.tensorParallelSize: 8, "
+        "serving.kvCacheDtype: 'auto', serving.weightQuantization: 'off': estimated HBM per chip "
+        "12.0 GB (the 62.5 GB of model.name 'gemma-4-31b' / TP at weightQuantization 'off' + KV "
+        "cache for 1 x 16384 tokens per replica) exceeds 30% of the 32.0 GB of v6e-8; raise "
+        "tensorParallelSize or hbmUtilization, or lower maxModelLen, minConcurrentSequences, or "
+        "set weightQuantization fp8 or kvCacheDtype fp8 (serving.profile: throughput sets both)",
     ),
     (
         "duplicate-lora-target",
@@ -213,9 +215,43 @@ CASES = [
         PROD,
         {"serving": {"tensorParallelSize": 2}},
         True,
-        "serving.tensorParallelSize: 2, serving.maxModelLen: 16384, "
+        "serving.tensorParallelSize: 2, serving.maxModelLen: 16384, serving.profile: 'paper', "
         "serving.minConcurrentSequences: 1, serving.hbmUtilization: 0.9, "
-        "serving.kvCacheDtype: 'auto': estimated HBM per chip",
+        "serving.kvCacheDtype: 'auto', serving.weightQuantization: 'off': estimated HBM per chip",
+    ),
+    (
+        "vllm-replicas-times-tp-not-the-chips",
+        PROD,
+        {"serving": {"tensorParallelSize": 4}},
+        True,
+        "serving.dataParallelSize: 1, serving.tensorParallelSize: 4: replicas x TP = 4 must "
+        "equal the 8 chips of v6e-8 (e.g. 1 x 8, 2 x 4; serving.profile: paper)",
+    ),
+    (
+        # The throughput profile's fp8 halves the weights, but a bf16 override at TP 4 with 64
+        # full-length sequences per replica cannot fit: every key involved is named.
+        "vllm-throughput-profile-with-bf16-weights-and-kv-overflows",
+        PROD,
+        {
+            "serving": {
+                "profile": "throughput",
+                "weightQuantization": "off",
+                "kvCacheDtype": "auto",
+                "minConcurrentSequences": 64,
+            }
+        },
+        True,
+        "serving.minConcurrentSequences: 64, serving.maxModelLen: 16384, "
+        "serving.kvCacheDtype: 'auto', serving.weightQuantization: 'off', "
+        "serving.profile: 'throughput', serving.tensorParallelSize: 4, "
+        "serving.hbmUtilization: 0.9: estimated HBM per chip",
+    ),
+    (
+        "vllm-unknown-profile",
+        PROD,
+        {"serving": {"profile": "fast"}},
+        True,
+        "serving.profile: 'fast': Input should be 'paper' or 'throughput'",
     ),
     (
         "weights-on-boot-disk",
@@ -796,7 +832,7 @@ def test_estimates_for_the_papers_setup():
             {"maxNumSeqs": 512, "maxNumBatchedTokens": 256},
             "serving.maxNumBatchedTokens: 256: below max_num_seqs 512",
         ),
-        ({"hbmUtilization": 1.5}, "serving.hbmUtilization: 1.5: Input should be less than or"),
+        ({"hbmUtilization": 1.5}, "serving.hbmUtilization: 1.5: above 0.98: the rest of"),
         (
             {"minConcurrentSequences": 300, "maxNumSeqs": 256},
             "serving.minConcurrentSequences: 300: above serving.maxNumSeqs 256",

@@ -207,3 +207,18 @@ def test_fake_matches_the_real_client_signatures():
     assert "type_" in tpu_v2.AcceleratorType.meta.fields
     assert "version" in tpu_v2.RuntimeVersion.meta.fields
     assert tpu_v2.Node.State.PREEMPTED.name == "PREEMPTED"
+
+
+def test_the_serving_line_shows_the_profiles_replicas_and_hbm_per_chip():
+    paper = preflight.serving_summary(_cfg())
+    assert paper is not None and paper.startswith(
+        "serving: profile paper: 1 replica(s) x TP 8 on v6e-8, weights bf16, KV cache bf16; "
+        "estimated HBM per chip 12.0 GB for 1 x 16384 tokens per replica, of 0.9 x 32.0 GB"
+    )
+    serving = pulumi_mocks.stack_file_config("prod")["serving"]
+    fast = preflight.serving_summary(_cfg(serving={**serving, "profile": "throughput"}))
+    assert fast is not None and fast.startswith(
+        "serving: profile throughput: 2 replica(s) x TP 4 on v6e-8, weights fp8, KV cache fp8; "
+        "estimated HBM per chip 12.2 GB"
+    )
+    assert preflight.serving_summary(_cfg(serving={**serving, "enabled": False})) is None
