@@ -20,4 +20,5 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 pytest_plugins: list[str] = [
     "tests.fixtures.tiny_model",
     "tests.fixtures.sshd",
+    "tests.fixtures.localcloud",
 ]
