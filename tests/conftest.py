@@ -21,4 +21,5 @@ pytest_plugins: list[str] = [
     "tests.fixtures.tiny_model",
     "tests.fixtures.sshd",
     "tests.fixtures.gcs_server",
+    "tests.fixtures.localcloud",
 ]

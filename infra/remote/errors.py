@@ -54,6 +54,14 @@ class ReadyTimeout(RemoteError):
         super().__init__(host, "wait-ready", None, log_path, detail, outcome="timed out")
 
 
+class BootFailed(RemoteError):
+    """A worker's startup script stopped before ready: its boot-failed marker's line (the stage,
+    the exit status and the log)."""
+
+    def __init__(self, host: str, log_path: str, detail: str):
+        super().__init__(host, "wait-ready", None, log_path, detail, outcome="failed at boot")
+
+
 def mib(size: int) -> str:
     return f"{size / (1 << 20):.1f} MiB"
 

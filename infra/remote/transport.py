@@ -17,7 +17,7 @@ import invoke
 import paramiko
 
 from infra.remote import ssh
-from infra.remote.errors import ReadyTimeout, RemoteError
+from infra.remote.errors import BootFailed, ReadyTimeout, RemoteError
 from infra.vm.layout import RemoteLayout
 from workloads.common import logs
 
@@ -133,25 +133,41 @@ def wait_ready(
     max_delay_s: float = 30.0,
     sudo: bool = False,
     settings: ssh.SshSettings | None = None,
+    rerun_failed: bool = True,
 ) -> None:
     """Waits until the worker answers SSH and its startup script wrote the ready marker.
 
-    Retries with exponential backoff up to `timeout_s`. A changed host key is never retried.
+    Retries with exponential backoff up to `timeout_s`. A changed host key is never retried. A
+    boot-failed marker ends the wait at once (BootFailed); one already there at the first answer
+    (an earlier boot's) makes the startup script run again first when `rerun_failed`.
 
     Raises:
+        BootFailed: the startup script stopped before ready (its stage and log).
         ReadyTimeout: naming the host and what the startup log shows (or the last SSH error).
         SshError: the host key changed (see infra.remote.ssh.describe).
     """
     deadline = time.monotonic() + timeout_s
     delay = initial_delay_s
     last_problem = "never tried"
-    test = shlex.join(as_root(["test", "-e", layout.ready_marker], sudo))
+    probe = shlex.join(as_root(["sh", "-c", READY_PROBE, "probe", *_probe_paths(layout)], sudo))
+    first_answer = True
     while True:
         try:
-            result = conn.run(test, warn=True, hide=True, in_stream=False)
-            if result.ok:
+            result = conn.run(probe, warn=True, hide=True, in_stream=False)
+            answer = result.stdout.strip()
+            if result.ok and answer == "ready":
                 return
-            last_problem = f"ready marker {layout.ready_marker} is not there yet"
+            if result.ok and answer.startswith("failed"):
+                marker = answer.removeprefix("failed").strip() or "(empty marker)"
+                if not (first_answer and rerun_failed):
+                    raise BootFailed(host_name(conn), layout.startup_log, marker)
+                # Left by an earlier boot: this `up` runs the script again instead of waiting
+                # out the timeout on a boot that will never be ready.
+                rerun_startup(conn, layout, sudo)
+                last_problem = f"the startup script runs again after: {marker}"
+            else:
+                last_problem = f"ready marker {layout.ready_marker} is not there yet"
+            first_answer = False
             connected = True
         except paramiko.BadHostKeyException as exc:
             raise ssh.SshError(
@@ -170,6 +186,39 @@ def wait_ready(
             raise ReadyTimeout(host_name(conn), layout.startup_log if connected else None, detail)
         time.sleep(min(delay, remaining))
         delay = min(delay * 2, max_delay_s)
+
+
+# One round trip per poll: "ready", "failed <the boot-failed marker's line>", or nothing yet.
+READY_PROBE = (
+    'if [ -e "$1" ]; then echo ready; elif [ -e "$2" ]; then printf "failed "; head -n 1 "$2"; fi'
+)
+
+# Runs the kept copy of the startup script detached from the SSH session (it outlives it, as
+# the guest agent's run does); its begin() removes the boot-failed marker and takes the lock.
+RERUN = (
+    '[ -f "$1" ] || { echo "$1 is missing (the boot stopped before keeping it)" >&2; exit 1; }; '
+    'rm -f "$2" && setsid -f /bin/bash "$1" </dev/null >/dev/null 2>&1'
+)
+
+
+def _probe_paths(layout: RemoteLayout) -> list[str]:
+    return [layout.ready_marker, layout.boot_failed_marker]
+
+
+def rerun_startup(conn: fabric.Connection, layout: RemoteLayout, sudo: bool) -> None:
+    """Starts the worker's startup script again (the copy its last boot kept).
+
+    Raises:
+        BootFailed: there is no copy to run (the boot stopped before keeping one).
+    """
+    argv = ["sh", "-c", RERUN, "rerun", layout.startup_script_copy, layout.boot_failed_marker]
+    result = conn.run(shlex.join(as_root(argv, sudo)), warn=True, hide=True, in_stream=False)
+    if not result.ok:
+        raise BootFailed(
+            host_name(conn),
+            layout.startup_log,
+            f"could not run {layout.startup_script_copy} again: {result.stderr.strip()[-200:]}",
+        )
 
 
 def reachable(conn: fabric.Connection, *, settings: ssh.SshSettings | None = None) -> bool:

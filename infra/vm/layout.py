@@ -96,6 +96,12 @@ class RemoteLayout:
         return posixpath.join(self.state_dir, "ready")
 
     @property
+    def boot_failed_marker(self) -> str:
+        """Written by the startup script when a boot stops before ready: the stage and the log
+        (one line). The deploy's readiness wait reads it instead of waiting out its timeout."""
+        return posixpath.join(self.state_dir, "boot-failed")
+
+    @property
     def stages_file(self) -> str:
         """Stage records of every boot (workloads/common/stage_records.py): the startup script's,
         the uploads' after ready and the trainer's, one JSON line each."""

@@ -25,6 +25,7 @@ PYTHON = "python3.11"
 # The worker paths the deploy steps use too (one definition, in infra/vm/layout.py).
 VENV_DIR = WORKER.venv
 READY_MARKER = WORKER.ready_marker
+BOOT_FAILED_MARKER = WORKER.boot_failed_marker
 ENV_FILE = WORKER.env_file
 RUN_CONFIG_PATH = WORKER.config_path
 LOG_FILE = WORKER.startup_log
@@ -199,6 +200,7 @@ def _common(
         # install, in about a third of pip's time (benchmarks/startup.py).
         "uv_requirement": pinned("uv"),
         "ready_marker": READY_MARKER,
+        "boot_failed_marker": BOOT_FAILED_MARKER,
         "env_file": ENV_FILE,
         "log_file": LOG_FILE,
         "state_dir": WORKER.state_dir,

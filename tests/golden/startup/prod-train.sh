@@ -9,6 +9,8 @@ readonly PROJECT=your-gcp-project
 readonly PYTHON=python3.11
 readonly VENV_DIR=/opt/gemma4/venv
 readonly READY_MARKER=/var/lib/gemma4/ready
+# One line (the stage and this log) when a boot stops before ready: the deploy reads it.
+readonly BOOT_FAILED_MARKER=/var/lib/gemma4/boot-failed
 readonly ENV_FILE=/etc/gemma4/env
 readonly LOG_FILE=/var/log/gemma4-startup.log
 # Stage records (workloads/common/stage_records.py documents the format): one JSON line per start and end.
@@ -267,19 +269,67 @@ log() {
   printf '%s gemma4-startup[%s]: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$ROLE" "$*"
 }
 
-# retry N CMD...: runs CMD up to N times, waiting a little longer after each failure.
+# retry N CMD...: runs CMD up to N times, waiting a little longer after each failure. Its lines
+# go to stderr: `value=$(retry ...)` keeps only what CMD printed.
 retry() {
   local attempts=$1 i
   shift
   for ((i = 1; ; i++)); do
     if "$@"; then return 0; fi
     if [ "$i" -ge "$attempts" ]; then
-      log "failed after $attempts attempts: $*"
+      log "failed after $attempts attempts: $*" >&2
       return 1
     fi
-    log "attempt $i/$attempts failed, retrying: $*"
+    log "attempt $i/$attempts failed, retrying: $*" >&2
     sleep $((i * 15))
   done
+}
+# DPkg::Lock::Timeout covers dpkg's locks only: `apt-get update` takes /var/lib/apt/lists/lock
+# and fails within a second while apt-daily holds it at first boot. apt's locks are fcntl locks
+# (flock(1) does not see them), so python3, which every image has, tests each one.
+readonly APT_LOCKS=(/var/lib/dpkg/lock-frontend /var/lib/dpkg/lock /var/lib/apt/lists/lock
+  /var/cache/apt/archives/lock)
+readonly APT_WAIT_S=${APT_WAIT_S:-1200}
+
+# apt_locks_free: whether no process holds any of apt's and dpkg's locks.
+apt_locks_free() {
+  command -v python3 >/dev/null || return 0
+  python3 -c '
+import fcntl, os, sys
+for path in sys.argv[1:]:
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        continue
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        sys.exit(1)
+    finally:
+        os.close(fd)
+' "${APT_LOCKS[@]}"
+}
+
+# wait_for_apt: waits (at most $APT_WAIT_S s, a line every 30 s) until apt's locks are free.
+wait_for_apt() {
+  local waited=0
+  until apt_locks_free; do
+    if [ "$waited" -ge "$APT_WAIT_S" ]; then
+      log "ERROR: apt is still locked by another process after ${APT_WAIT_S} s (${APT_LOCKS[*]})"
+      return 1
+    fi
+    if [ $((waited % 30)) -eq 0 ]; then
+      log "waiting for apt's lock (held by another apt: apt-daily at first boot), ${waited} s so far"
+    fi
+    sleep 5
+    waited=$((waited + 5))
+  done
+}
+
+# apt_get ARGS...: apt-get once no other apt holds a lock (a holder that starts in between is
+# waited for by dpkg's own timeout, and the caller's retry).
+apt_get() {
+  wait_for_apt && apt-get -o DPkg::Lock::Timeout=600 "$@"
 }
 
 # stage_start NAME [AT] / stage_end OK [NOTE]: one stage at a time, appended to $STAGES_FILE as
@@ -343,8 +393,8 @@ begin() {
   exec > >(tee -a "$LOG_FILE") 2>&1
   exec 9>/var/lock/gemma4-startup.lock
   flock 9
-  rm -f "$READY_MARKER"
-  trap 'stage_end false "the startup script stopped here"' EXIT
+  rm -f "$READY_MARKER" "$BOOT_FAILED_MARKER"
+  trap 'boot_ended $?' EXIT
   stage_start boot "$(kernel_boot_time)"
   stage_end true
   log "boot started (project $PROJECT)"
@@ -363,6 +413,19 @@ keep_script() {
   fi
   chmod 0700 "$SCRIPT_COPY.tmp"
   mv "$SCRIPT_COPY.tmp" "$SCRIPT_COPY"
+}
+
+# The EXIT trap of a boot: an open stage ends failed; a boot that stopped before ready leaves
+# $BOOT_FAILED_MARKER (what the deploy's readiness wait reports, in seconds, instead of polling
+# for an hour).
+boot_ended() {
+  local status=$1 stage=${STAGE:-startup}
+  stage_end false "the startup script stopped here"
+  if [ "$status" -ne 0 ] && [ ! -e "$READY_MARKER" ]; then
+    printf 'stage %s failed (exit %s) at %s on %s; log %s\n' "$stage" "$status" \
+      "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$(hostname)" "$LOG_FILE" >"$BOOT_FAILED_MARKER.tmp" &&
+      mv "$BOOT_FAILED_MARKER.tmp" "$BOOT_FAILED_MARKER"
+  fi
 }
 
 finish() {
@@ -399,8 +462,8 @@ apt_install() {
   done
   if [ "${#missing[@]}" -eq 0 ]; then return 0; fi
   log "installing ${missing[*]}"
-  retry 3 apt-get -o DPkg::Lock::Timeout=600 update -q
-  retry 3 apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends "${missing[@]}"
+  retry 3 apt_get update -q
+  retry 3 apt_get install -y -q --no-install-recommends "${missing[@]}"
 }
 
 # The image ships Python 3.10; Tunix needs 3.11 (deadsnakes).
@@ -586,18 +649,30 @@ gcs_exists() {
   gcloud storage ls "$1" >/dev/null 2>&1
 }
 
+# metadata PATH: the metadata server's instance/PATH, retried with backoff (the server can be
+# slow to answer right after boot); a value that cannot be read stops the boot with one line
+# rather than falling back to a guess (worker 0 on every host, an empty zone).
+metadata() {
+  local value
+  if value=$(retry 5 curl -fsS --connect-timeout 5 --max-time 30 -H 'Metadata-Flavor: Google' \
+    "http://metadata.google.internal/computeMetadata/v1/instance/$1"); then
+    printf '%s\n' "$value"
+    return 0
+  fi
+  log "ERROR: could not read instance/$1 from the metadata server (metadata.google.internal)" >&2
+  return 1
+}
+
 worker_number() {
-  curl -fsS -H 'Metadata-Flavor: Google' \
-    'http://metadata.google.internal/computeMetadata/v1/instance/attributes/agent-worker-number' \
-    2>/dev/null || echo 0
+  metadata attributes/agent-worker-number
 }
 
 # The zone this VM runs in (projects/N/zones/<zone> -> <zone>): with zoneFallbacks it may not be
 # the stack's first zone, and the units that stop or delete this node must name the right one.
 instance_zone() {
-  curl -fsS -H 'Metadata-Flavor: Google' \
-    'http://metadata.google.internal/computeMetadata/v1/instance/zone' 2>/dev/null |
-    sed 's:.*/::' || true
+  local zone
+  zone=$(metadata zone) || return 1
+  printf '%s\n' "${zone##*/}"
 }
 
 readonly HOSTS=1
@@ -622,7 +697,7 @@ download_model_from_hub() {
   ensure_hub_client
   log "downloading $HF_REPO from the hub into $STAGE_DIR"
   mkdir -p "$STAGE_DIR"
-  token=$(gcloud secrets versions access latest --secret="$HF_SECRET" --project="$PROJECT")
+  token=$(retry 5 gcloud secrets versions access latest --secret="$HF_SECRET" --project="$PROJECT")
   (
     export HF_TOKEN="$token" HF_XET_HIGH_PERFORMANCE=1
     # The small files first (config, tokenizer: seconds), so the trainer can start on them.
@@ -776,9 +851,10 @@ weights_stopped() {
 # arrive (see wait_for_model_files); a weights stage that fails before ready fails the boot,
 # after ready it leaves $STAGE_DIR.failed for the waiting trainer.
 boot() {
-  local worker weights_job
+  local worker weights_job zone
   begin
   worker=$(worker_number)
+  zone=$(instance_zone)
   log "worker $worker of $HOSTS"
   stage python ensure_python_and_uv
   ensure_shm
@@ -789,7 +865,7 @@ boot() {
   ) &
   weights_job=$!
   stage venv ensure_venv
-  write_env "GEMMA4_WORKER=$worker" "GEMMA4_ZONE=$(instance_zone)"
+  write_env "GEMMA4_WORKER=$worker" "GEMMA4_ZONE=$zone"
   if ! wait_for_model_files "$weights_job"; then
     wait "$weights_job" || true
     log "ERROR: the weights stage failed (above); not ready"

@@ -449,6 +449,9 @@ def test_the_service_wrapper_installs_the_source_reads_its_secrets_and_runs_reco
     (app / "venv" / "bin").mkdir(parents=True)
     (app / "venv" / "bin" / "python").write_text(FAKE_PYTHON)
     (app / "venv" / "bin" / "python").chmod(0o755)
+    # A whole venv (its pip too): run.sh makes a venv again only when pip is missing.
+    (app / "venv" / "bin" / "pip").write_text(FAKE_PYTHON)
+    (app / "venv" / "bin" / "pip").chmod(0o755)
     archive = source_archive.write_archive("dev", tmp_path / "archives")
     calls = tmp_path / "calls"
     env = {
