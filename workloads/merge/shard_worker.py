@@ -38,6 +38,8 @@ from workloads.merge.parts import Piece, ShardPart
 # what gets there is damage (bit flips decoding to 1e30+, issue #33), refused whatever its
 # source, with two orders of magnitude of margin for any real run.
 DELTA_SCALE_LIMIT = 100.0
+# Rows per slice of check_scale's exact measure: about this many bytes of float32.
+SCALE_SLICE_BYTES = 256 * 1024
 BLOCK_BYTES = 16 * 1024 * 1024  # float32 rows of a target processed at once (at least 512 rows)
 COPY_CHUNK = 16 * 1024 * 1024  # raw bytes of a copied tensor moved at once
 
@@ -138,13 +140,19 @@ def check_scale(
     dtype = st.float_dtype(info.dtype)
     assert dtype is not None  # stream.check_targets refused anything else
     cols = info.shape[1]
-    raw = workspace.get("scale_raw", n * cols * info.itemsize)
-    source.readinto(info, start * cols * info.itemsize, memoryview(raw))
-    base = workspace.get("scale_base", n * cols * 4).view(np.float32).reshape(n, cols)
-    np.copyto(base, raw.view(dtype).reshape(n, cols), casting="unsafe")
-    base_max = float(np.max(np.abs(base))) if base.size else 0.0
-    np.subtract(merged, base, out=base)
-    delta_max = float(np.max(np.abs(base))) if base.size else 0.0
+    # Measured in slices of rows: the exact path holds no block-sized buffer, so a merge whose
+    # every block takes it (large but sane deltas) keeps the few-blocks memory of the pass.
+    step = max(1, SCALE_SLICE_BYTES // max(1, cols * 4))
+    raw = workspace.get("scale_raw", min(n, step) * cols * info.itemsize)
+    base_max = delta_max = 0.0
+    for begin in range(0, n, step):
+        m = min(step, n - begin)
+        chunk = raw[: m * cols * info.itemsize]
+        source.readinto(info, (start + begin) * cols * info.itemsize, memoryview(chunk))
+        base = chunk.view(dtype).reshape(m, cols).astype(np.float32)
+        base_max = max(base_max, float(np.max(np.abs(base))))
+        np.subtract(merged[begin : begin + m], base, out=base)
+        delta_max = max(delta_max, float(np.max(np.abs(base))))
     if delta_max > DELTA_SCALE_LIMIT * base_max:
         raise errors.UserError(
             f"{info.name}: the LoRA delta of {delta.source} reaches {delta_max:.3g} in rows "
