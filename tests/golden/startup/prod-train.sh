@@ -580,6 +580,15 @@ worker_number() {
     2>/dev/null || echo 0
 }
 
+# The slice's workers, comma-separated, from the metadata every TPU VM of a slice carries (one
+# entry on a single-host VM); the trainer derives the coordinator and the process count from it
+# and the process id from worker_number (workloads/train/hosts.py).
+worker_endpoints() {
+  curl -fsS -H 'Metadata-Flavor: Google' \
+    'http://metadata.google.internal/computeMetadata/v1/instance/attributes/worker-network-endpoints' \
+    2>/dev/null || true
+}
+
 # The zone this VM runs in (projects/N/zones/<zone> -> <zone>): with zoneFallbacks it may not be
 # the stack's first zone, and the units that stop or delete this node must name the right one.
 instance_zone() {
@@ -764,7 +773,7 @@ weights_stopped() {
 # arrive (see wait_for_model_files); a weights stage that fails before ready fails the boot,
 # after ready it leaves $STAGE_DIR.failed for the waiting trainer.
 boot() {
-  local worker weights_job
+  local worker weights_job endpoints
   begin
   worker=$(worker_number)
   log "worker $worker of $HOSTS"
@@ -777,7 +786,14 @@ boot() {
   ) &
   weights_job=$!
   stage venv ensure_venv
-  write_env "GEMMA4_WORKER=$worker" "GEMMA4_ZONE=$(instance_zone)"
+  endpoints=$(worker_endpoints)
+  # Every worker of a slice must find the same list of them, or the trainers cannot join.
+  if [ "$HOSTS" -gt 1 ] && [ "$(printf '%s' "$endpoints" | tr ',' '\n' | grep -c .)" != "$HOSTS" ]; then
+    log "ERROR: worker-network-endpoints lists '$endpoints', expected $HOSTS workers; not ready"
+    return 1
+  fi
+  write_env "GEMMA4_WORKER=$worker" "GEMMA4_WORKER_ENDPOINTS=$endpoints" \
+    "GEMMA4_ZONE=$(instance_zone)"
   if ! wait_for_model_files "$weights_job"; then
     wait "$weights_job" || true
     log "ERROR: the weights stage failed (above); not ready"
