@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
 from collections.abc import Mapping
 
 from workloads import errors
@@ -188,7 +189,7 @@ def launch_local(
     index: int | None = None,
     heartbeat_s: int = 10,
     extra_env: Mapping[str, str] | None = None,
-) -> dict[int, object]:
+) -> dict[int, subprocess.Popen[bytes]]:
     """Starts the workers of a slice rehearsed on this machine: `argv` once per worker (or only
     worker `index`), each with `devices_per_host` CPU devices and the variables `from_env`
     reads; stdout and stderr go to `<log_dir>/host<i>.log` (appended: a restart adds to it).
@@ -196,10 +197,8 @@ def launch_local(
     Returns:
         worker number -> its subprocess.Popen.
     """
-    import subprocess
-
     os.makedirs(log_dir, exist_ok=True)
-    started: dict[int, object] = {}
+    started: dict[int, subprocess.Popen[bytes]] = {}
     for i in range(count) if index is None else [index]:
         env = {
             **os.environ,
