@@ -41,7 +41,7 @@ def main() -> int:
             )
             path = args[0] if writing else None
         elif event in ("os.rename", "os.remove", "os.mkdir") and isinstance(args[0], str):
-            path = args[-1] if event == "os.rename" else args[0]
+            path = args[1] if event == "os.rename" else args[0]  # rename: the target
         if path and isinstance(path, str):
             full = os.path.realpath(path)
             if full.startswith(run_dir + os.sep) and "/checkpoints/" not in full + "/":
