@@ -38,6 +38,11 @@ PATH_OPTIONS = [
         "t/train_summary.json",
     ),
     (["report", "--bench-summary", "b/summary.json"], "bench_summary", "b/summary.json"),
+    (
+        ["report", "--baseline-eval-summary", "e/summary.json"],
+        "baseline_eval_summary",
+        "e/summary.json",
+    ),
     (["report", "--eval-summary", "e/summary.json"], "eval_summary", "e/summary.json"),
     (["report", "--out", "report"], "out", "report"),
     (["release", "--config", "run.yaml"], "config", "run.yaml"),

@@ -6,14 +6,20 @@ write a small CodeV-R1-style dataset, LoRA-train it with the same code path as a
 merge the adapters and verify the shards and logits; then serve the merged model with the real
 vLLM engine (the CPU build of the serving image's release), check that it serves what was trained,
 evaluate, benchmark and report (workloads.cli.demo_serving), and print a summary. --no-serve stops
-after the merge. Everything lands under --workdir (default runs/demo); the run config it used is
-written there too, so `python -m workloads train|serve|eval|bench|report --config
-runs/demo/run.yaml` runs each step again.
+after the merge. --hosts 2 (or 4) trains as a multi-host slice rehearsed on this machine: that
+many trainer processes of 4 CPU devices each, joined by JAX's distributed runtime on the v5p-16
+(v5p-32) mesh shape fsdp=hosts x tp=4, preempted halfway by a SIGTERM to the last host (every host
+stops at the step JAX agrees on and saves) and started again. Everything lands under --workdir
+(default runs/demo); the run config it used is written there too, so `python -m workloads
+train|serve|eval|bench|report --config runs/demo/run.yaml` runs each step again.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import json
 import os
 import pathlib
 import shutil
@@ -35,7 +41,11 @@ _OWNED = (
     "report",
     "run.yaml",
     "loss.png",
+    "hosts",
 )
+# CPU devices per rehearsed host and the tensor-parallel width of a v5p slice's 4-chip workers.
+DEVICES_PER_HOST = 4
+HOST_TP = 4
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +64,15 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "without the serving venv that `bash .ci/setup` installs)",
     )
     parser.add_argument(
+        "--hosts",
+        type=int,
+        default=1,
+        choices=(1, 2, 4),
+        help="train as a multi-host slice rehearsed here: this many trainer processes of "
+        f"{DEVICES_PER_HOST} CPU devices each on JAX's distributed runtime, mesh fsdp=HOSTS x "
+        f"tp={HOST_TP} (2: the v5p-16 shape, 4: v5p-32); their logs go to WORKDIR/hosts/",
+    )
+    parser.add_argument(
         "--overwrite",
         action="store_true",
         help="replace a previous demo in --workdir (only the demo's own files)",
@@ -65,6 +84,7 @@ def demo_config(
     steps: int,
     devices: int = 1,
     serving: dict[str, Any] | None = None,
+    tp: int = 1,
 ) -> runconfig.RunConfig:
     """The demo's run config: the recipe's structure at toy scale (packing on, AdamW with warm-up
     and cosine decay, gradient accumulation, remat, checkpoints every quarter of the run).
@@ -74,8 +94,10 @@ def demo_config(
             of them, so the data-parallel axis takes them and the micro-batch is a multiple.
         serving: the serve, bench and eval sections (demo_serving.serving_sections); None = no
             serving (--no-serve).
+        tp: the tensor-parallel axis; the data-parallel one takes the rest of the devices.
     """
-    micro_batch = devices * max(1, 2 // devices)
+    fsdp = devices // tp
+    micro_batch = fsdp * max(1, 2 // fsdp)
     return runconfig.parse(
         {
             "run_name": "demo",
@@ -96,7 +118,7 @@ def demo_config(
                 "learning_rate": 3e-3,
                 "warmup_steps": max(1, steps // 10),
                 "weight_decay": 0.001,
-                "mesh": {"fsdp": devices, "tp": 1},
+                "mesh": {"fsdp": fsdp, "tp": tp},
                 "remat": True,
                 "save_every": max(1, steps // 4),
                 "keep_checkpoints": 2,
@@ -194,6 +216,108 @@ def _prepare_workdir(workdir: pathlib.Path, overwrite: bool) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
 
 
+@dataclasses.dataclass
+class _Trained:
+    """What the demo's training did: stopped once, then resumed to the end."""
+
+    stopped_at: int
+    resumed_from: int
+    summary: dict[str, Any]
+    records: list[dict[str, Any]]
+
+
+def _train_here(cfg: runconfig.RunConfig, half: int, say: Any, tag: str) -> _Trained:
+    """One process: stop after `half` steps (as a preemption would) and run again."""
+    from workloads.train import trainer
+
+    first = trainer.train(cfg, stop_after_steps=half, log=say, handle_sigterm=True)
+    say(f"{tag} stopped at step {first.final_step} with a checkpoint; restarting the same run ...")
+    second = trainer.train(cfg, log=say)
+    if second.resumed_from != first.final_step:
+        raise RuntimeError(
+            f"expected to resume from step {first.final_step}, resumed from {second.resumed_from}"
+        )
+    return _Trained(first.final_step, second.resumed_from, second.summary, second.records)
+
+
+def _train_on_hosts(
+    cfg: runconfig.RunConfig,
+    config_path: pathlib.Path,
+    hosts: int,
+    half: int,
+    workdir: pathlib.Path,
+    say: Any,
+    tag: str,
+) -> _Trained:
+    """`hosts` trainer processes (`python -m workloads train`) joined as one slice; once step
+    `half` is logged the last host gets a SIGTERM (a preemption notice reaches one worker): all
+    stop at the step JAX agrees on and save it, then all start again and resume from it.
+
+    Raises:
+        RuntimeError: a host failed (its log named), or the run did not stop and resume.
+    """
+    import signal
+    import sys
+
+    from workloads.train import checkpoints, trainer
+    from workloads.train import hosts as hosts_lib
+    from workloads.train import metrics as metrics_lib
+
+    argv = [sys.executable, "-m", "workloads", "train", "--config", str(config_path)]
+    log_dir = str(workdir / "hosts")
+    metrics_path = pathlib.Path(cfg.train.output_dir) / metrics_lib.METRICS_FILE
+
+    def run(stop_after: int | None) -> list[int]:
+        procs = hosts_lib.launch_local(
+            hosts,
+            argv,
+            port=hosts_lib.free_port(),
+            devices_per_host=DEVICES_PER_HOST,
+            log_dir=log_dir,
+        )
+        signalled = False
+        while any(p.poll() is None for p in procs.values()):
+            if (
+                stop_after is not None
+                and not signalled
+                and _logged_step(metrics_path) >= stop_after
+            ):
+                procs[hosts - 1].send_signal(signal.SIGTERM)
+                signalled = True
+            time.sleep(0.2)
+        return [p.returncode for p in procs.values()]
+
+    say(f"{tag} starting {hosts} trainer processes on JAX's distributed runtime (logs: {log_dir})")
+    codes = run(half)
+    if any(code not in (0, trainer.EXIT_PREEMPTED) for code in codes):
+        raise RuntimeError(f"a host failed (exit statuses {codes}); see {log_dir}/host<i>.log")
+    stopped = max(checkpoints.saved_steps(cfg.train.checkpoint_dir), default=0)
+    say(
+        f"{tag} SIGTERM to host {hosts - 1}: every host stopped at step {stopped} (exit statuses "
+        f"{codes}); starting all {hosts} again ..."
+    )
+    codes = run(None)
+    if any(codes):
+        raise RuntimeError(f"a host failed (exit statuses {codes}); see {log_dir}/host<i>.log")
+    summary = trainer.read_summary(cfg.train.output_dir)
+    resumed = summary.get("resumed_from_step")
+    if resumed != stopped:
+        raise RuntimeError(f"expected to resume from step {stopped}, resumed from {resumed}")
+    records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
+    return _Trained(stopped, stopped, summary, records)
+
+
+def _logged_step(metrics_path: pathlib.Path) -> int:
+    """The newest step in metrics.jsonl (0 before the first)."""
+    if not metrics_path.exists():
+        return 0
+    steps = [0]
+    for line in metrics_path.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            steps.append(int(json.loads(line).get("step", 0)))
+    return max(steps)
+
+
 def main(args: argparse.Namespace) -> int:
     if args.steps < 2:
         raise errors.UserError(f"--steps {args.steps}: the demo needs at least 2 steps")
@@ -214,10 +338,13 @@ def main(args: argparse.Namespace) -> int:
     from workloads.data import synthetic
     from workloads.model import tiny_model
 
+    hosts = args.hosts
     say(
         f"1/{total} writing a tiny random Gemma 4 (6 layers: 5 sliding + 1 global, k_eq_v, GQA) ..."
     )
-    tiny_model.write_tiny_model(workdir / "model", seed=0)
+    # tp=4 on a slice's mesh must divide every head count: the global layers get 4 KV heads.
+    global_kv = tiny_model.GLOBAL_KV_HEADS if hosts == 1 else tiny_model.TP4_GLOBAL_KV_HEADS
+    tiny_model.write_tiny_model(workdir / "model", seed=0, global_kv_heads=global_kv)
     say(f"1/{total} wrote {workdir / 'model'}")
     say(f"2/{total} writing {args.rows} synthetic CodeV-R1-style rows ...")
     written = synthetic.write_synthetic_codev(
@@ -229,62 +356,68 @@ def main(args: argparse.Namespace) -> int:
     )
     # The demo is the CPU pipeline (an accelerator in this machine is left alone).
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    import jax
 
     serving = (
         None
         if engine is None
         else demo_serving.serving_sections(workdir, engine, demo_serving.free_port())
     )
-    cfg = demo_config(workdir, args.steps, devices=jax.device_count(), serving=serving)
+    if hosts == 1:
+        import jax
+
+        cfg = demo_config(workdir, args.steps, devices=jax.device_count(), serving=serving)
+    else:
+        cfg = demo_config(
+            workdir, args.steps, devices=hosts * DEVICES_PER_HOST, serving=serving, tp=HOST_TP
+        )
     config_path = workdir / "run.yaml"
     config_path.write_text(cfg.to_yaml())
-
-    from workloads.train import trainer
 
     half = args.steps // 2
     say(
         f"3/{total} training {args.steps} steps; stopping after step {half} as a preempted VM "
         "would ..."
     )
-    first = trainer.train(cfg, stop_after_steps=half, log=say, handle_sigterm=True)
-    say(
-        f"3/{total} stopped at step {first.final_step} with a checkpoint; restarting the same "
-        "run ..."
+    run = (
+        _train_here(cfg, half, say, f"3/{total}")
+        if hosts == 1
+        else _train_on_hosts(cfg, config_path, hosts, half, workdir, say, f"3/{total}")
     )
-    second = trainer.train(cfg, log=say)
-    if second.resumed_from != first.final_step:
-        raise RuntimeError(
-            f"expected to resume from step {first.final_step}, resumed from {second.resumed_from}"
-        )
-    summary = second.summary
+    summary = run.summary
 
     say(f"4/{total} merge and verification ...")
     merged = merge_and_verify(workdir, cfg)
     say(f"4/{total} merged into {workdir / 'merged'}: {merged['logits']}")
-    plot_loss(second.records, workdir / "loss.png", resumed_at=first.final_step)
+    plot_loss(run.records, workdir / "loss.png", resumed_at=run.stopped_at)
     served = (
         [] if engine is None else demo_serving.serve_and_evaluate(config_path, cfg, workdir, say)
     )
 
     wall = time.time() - started
-    losses = [r["loss"] for r in second.records]
+    losses = [r["loss"] for r in run.records]
     # Totals over both processes (train_summary.json sums the run's segments).
     tokens = summary["real_tokens"]
     seconds = summary["wall_seconds"]
     run_dir = pathlib.Path(cfg.train.output_dir)
     steps = summary["checkpoint_steps"]
     config = config_path
+    mesh, ckpt_dir = cfg.train.mesh, cfg.train.checkpoint_dir
     lines = [
         "",
         "demo summary",
+        f"  hosts: {hosts} (mesh fsdp={mesh.fsdp} x tp={mesh.tp}"
+        + (
+            f", {hosts} processes on JAX's distributed runtime, logs in {workdir / 'hosts'})"
+            if hosts > 1
+            else ", one process)"
+        ),
         f"  loss: first {losses[0]:.3f} -> last {losses[-1]:.3f} over {len(losses)} steps "
         f"(min {min(losses):.3f})",
         f"  tokens/s: {tokens / seconds:.0f} real tokens/s ({tokens} tokens in {seconds:.1f} s of "
         f"training over {summary['segments']} segments, first-step compilation included)",
-        f"  resumed: stopped after step {first.final_step}, resumed from checkpoint step "
-        f"{second.resumed_from}",
-        f"  checkpoints: {', '.join(str(run_dir / 'checkpoints' / str(s)) for s in steps)}",
+        f"  resumed: stopped after step {run.stopped_at}, resumed from checkpoint step "
+        f"{run.resumed_from}",
+        f"  checkpoints: {', '.join(runconfig.join(ckpt_dir, str(s)) for s in steps)}",
         f"  metrics: {run_dir / 'metrics.jsonl'}, TensorBoard: {run_dir / 'tensorboard'}",
         f"  summary: {run_dir / 'train_summary.json'}",
         f"  loss curve: {workdir / 'loss.png'}",

@@ -204,7 +204,14 @@ def load_model(
             raise errors.UserError(
                 f"{model_dir}: {key} has shape {host.shape}, the model expects {shape}"
             )
-        placed = jax.device_put(host, sharding)
+        if sharding.is_fully_addressable:
+            placed = jax.device_put(host, sharding)
+        else:
+            # A host of a multi-host slice places only its own devices' shards. device_put
+            # would also check across hosts that every host holds the same value: a collective,
+            # and these threads issue theirs in no fixed order, which mismatches the hosts'
+            # collectives (gloo aborts; a TPU slice would hang).
+            placed = jax.make_array_from_callback(shape, sharding, host.__getitem__)
         placed.block_until_ready()  # the transfer has read the host tensor
         return placed
 

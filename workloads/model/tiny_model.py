@@ -28,6 +28,9 @@ INTERMEDIATE = 192
 HEADS = 8
 KV_HEADS = 4
 GLOBAL_KV_HEADS = 2
+# The multi-host rehearsal's variant: tp=4 (the v5p-16 and v5p-32 mesh shapes) shards every head
+# count, so the global layers need 4 KV heads there.
+TP4_GLOBAL_KV_HEADS = 4
 HEAD_DIM = 32
 GLOBAL_HEAD_DIM = 64
 SLIDING_WINDOW = 16
@@ -98,7 +101,13 @@ def _special_ids(out_dir: pathlib.Path) -> dict[str, Any]:
     return ids
 
 
-def hf_config(vocab_size: int, layers: int, dtype: str, ids: dict[str, Any]) -> dict[str, Any]:
+def hf_config(
+    vocab_size: int,
+    layers: int,
+    dtype: str,
+    ids: dict[str, Any],
+    global_kv_heads: int = GLOBAL_KV_HEADS,
+) -> dict[str, Any]:
     """config.json of the tiny model (Gemma4ForConditionalGeneration, text only)."""
     text = {
         "model_type": "gemma4_text",
@@ -108,7 +117,7 @@ def hf_config(vocab_size: int, layers: int, dtype: str, ids: dict[str, Any]) -> 
         "num_hidden_layers": layers,
         "num_attention_heads": HEADS,
         "num_key_value_heads": KV_HEADS,
-        "num_global_key_value_heads": GLOBAL_KV_HEADS,
+        "num_global_key_value_heads": global_kv_heads,
         "head_dim": HEAD_DIM,
         "global_head_dim": GLOBAL_HEAD_DIM,
         "attention_k_eq_v": True,
@@ -228,6 +237,7 @@ def write_tiny_model(
     layers: int = 6,
     dtype: str = "float32",
     shards: int = 2,
+    global_kv_heads: int = GLOBAL_KV_HEADS,
 ) -> pathlib.Path:
     """Writes a random tiny Gemma 4 checkpoint (config, generation config, weights, tokenizer).
 
@@ -237,6 +247,9 @@ def write_tiny_model(
         layers: decoder layers, a positive multiple of 6 (HF forces the last layer global).
         dtype: "float32" (exact tests) or "bfloat16" (like the real checkpoint).
         shards: number of safetensors files (1: a single model.safetensors, no index).
+        global_kv_heads: KV heads of the global layers, a divisor of the 8 query heads; tensor
+            parallelism must divide it, so the v5p-16/32 mesh shape (tp=4) needs 4
+            (TP4_GLOBAL_KV_HEADS) where the default keeps 31B's ratio.
 
     Returns:
         The output directory.
@@ -257,11 +270,15 @@ def write_tiny_model(
         raise errors.UserError(f"--dtype {dtype}: must be float32 or bfloat16")
     if shards < 1:
         raise errors.UserError(f"--shards {shards}: must be at least 1")
+    if global_kv_heads < 1 or HEADS % global_kv_heads:
+        raise errors.UserError(
+            f"global_kv_heads={global_kv_heads}: must divide the {HEADS} query heads (1, 2, 4, 8)"
+        )
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     vocab_size = tokenizer.write_tokenizer_files(out)
     ids = _special_ids(out)
-    cfg = hf_config(vocab_size, layers, dtype, ids)
+    cfg = hf_config(vocab_size, layers, dtype, ids, global_kv_heads)
     tensors = random_weights(cfg, seed)
     if shards > len(tensors):
         raise errors.UserError(f"--shards {shards}: more than the {len(tensors)} tensors")

@@ -29,19 +29,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _init_distributed() -> None:
-    """Multi-host TPU slices (v5p-16 and up) run one process per worker; JAX must connect them
-    before anything touches the devices. TPU VMs list their workers in TPU_WORKER_HOSTNAMES."""
-    hosts = [h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]
-    if len(hosts) > 1:
-        import jax
-
-        jax.distributed.initialize()
-
-
 def main(args: argparse.Namespace) -> int:
     cfg = runconfig.load(args.config)
-    _init_distributed()
+    from workloads.train import hosts
+
+    # A worker of a multi-host slice joins the others before anything touches a device.
+    hosts.join(hosts.from_env())
     from workloads.train import guards, trainer
 
     if getattr(args, "traceback", False) or os.environ.get("WORKLOADS_TRACEBACK") == "1":

@@ -9,8 +9,9 @@ every micro-step, so a resumed run sees the same dropout masks as an uninterrupt
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -64,6 +65,16 @@ def fix_lora_sharding(model: nnx.Module, mesh: jax.sharding.Mesh) -> None:
         var.set_value(jax.device_put(value, sharding))
 
 
+def _place_on_specs(model: nnx.Module, mesh: jax.sharding.Mesh) -> None:
+    """Puts every weight back on the sharding its metadata names (a jit's outputs may come back
+    laid out otherwise)."""
+    import jax
+    from flax import nnx
+
+    state = nnx.state(model)
+    nnx.update(model, jax.device_put(state, nnx.get_named_sharding(state, mesh)))
+
+
 def apply_lora(
     model: nnx.Module,
     lora: runconfig.LoraRunSection,
@@ -77,6 +88,7 @@ def apply_lora(
         A new module (Qwix clones the model) whose adapters are `nnx.LoRAParam`s, placed on the
         mesh with specs that fit it, with a dropout RNG stream when lora.dropout > 0.
     """
+    import jax
     import jax.numpy as jnp
     import qwix
     from flax import nnx
@@ -95,11 +107,22 @@ def apply_lora(
         "cache": None,
         "attention_mask": jnp.ones((rows, length, length), jnp.bool_),
     }
-    with mesh:
+
+    def add_adapters(base: nnx.Module) -> nnx.Module:
         # The init pass uses a dropout stream too, if any; it is re-keyed before every step.
-        lora_model = qwix.apply_lora_to_model(
-            model, provider, **dummy, rngs=nnx.Rngs(params=seed, dropout=seed)
+        return qwix.apply_lora_to_model(
+            base, provider, **dummy, rngs=nnx.Rngs(params=seed, dropout=seed)
         )
+
+    with mesh:
+        if jax.process_count() == 1:
+            lora_model = add_adapters(model)
+        else:
+            # A host of a slice cannot run the model eagerly (its arrays span other hosts'
+            # devices and an eager op would read them whole): the init pass is traced and
+            # compiled like any step, then every weight goes back to its own sharding.
+            lora_model = nnx.jit(add_adapters)(model)
+            _place_on_specs(lora_model, mesh)
         fix_lora_sharding(lora_model, mesh)
     if lora.dropout > 0:
         # Qwix unsets the init RNGs; dropout needs a stream of its own on every module.
@@ -121,9 +144,28 @@ def seed_dropout(model: nnx.Module, seed: int, micro_step: int, mesh: jax.shardi
         return
     stream = getattr(rngs, DROPOUT_STREAM)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    key = jax.random.fold_in(jax.random.key(seed), micro_step)
-    stream.key.set_value(jax.device_put(key, replicated))
-    stream.count.set_value(jax.device_put(jnp.zeros((), jnp.uint32), replicated))
+    if jax.process_count() == 1:
+        key = jax.random.fold_in(jax.random.key(seed), micro_step)
+        stream.key.set_value(jax.device_put(key, replicated))
+        stream.count.set_value(jax.device_put(jnp.zeros((), jnp.uint32), replicated))
+        return
+    # On a slice no host can place a value it computed alone on every host's devices: every
+    # host computes the same key in one small compiled call whose output is replicated.
+    key, count = _replicated_key(replicated)(seed, micro_step)
+    stream.key.set_value(key)
+    stream.count.set_value(count)
+
+
+@functools.cache
+def _replicated_key(replicated: jax.sharding.NamedSharding) -> Callable[[int, int], Any]:
+    import jax
+    import jax.numpy as jnp
+
+    def make(seed: Any, micro_step: Any) -> Any:
+        key = jax.random.fold_in(jax.random.key(seed), micro_step)
+        return key, jnp.zeros((), jnp.uint32)
+
+    return jax.jit(make, out_shardings=(replicated, replicated))
 
 
 def _dropout_rngs(model: nnx.Module) -> nnx.Rngs | None:

@@ -36,6 +36,7 @@ from workloads.train import (
     checkpoints,
     compile_ahead,
     guards,
+    hosts,
     packed_attention,
     resume,
     runlock,
@@ -471,16 +472,7 @@ def _set_up_locked(
             records=[],
         )
     # Before the model is built: a run that cannot resume says so at once.
-    resume_step = resume.choose_step(
-        train_cfg,
-        fresh_optimizer_state=fresh_optimizer_state,
-        move_damaged=primary,
-        log=log,
-    )
-    if jax.process_count() > 1:  # every host resumes from the step the writing one kept
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices("gemma4-train-resume-step")
+    resume_step = _agreed_resume_step(train_cfg, fresh_optimizer_state, primary, log)
     if train_cfg.warmup_steps >= total_steps:
         log(
             f"note: train.warmup_steps={train_cfg.warmup_steps} >= {total_steps} steps; "
@@ -540,6 +532,43 @@ def _set_up_locked(
         stage_log,
         ahead,
     )
+
+
+def _agreed_resume_step(
+    train_cfg: runconfig.TrainingRunSection,
+    fresh_optimizer_state: bool,
+    primary: bool,
+    log: Callable[[str], None],
+) -> int:
+    """The step every host resumes from. Every host checks the checkpoints (Orbax's reads
+    synchronise the hosts, so all must take part; only the writing host moves damaged steps
+    aside), then all take the writing host's answer: no two hosts may restore different steps
+    (their collectives would then disagree).
+
+    Raises:
+        errors.UserError: as resume.choose_step; or this host found another step than the
+            writing host (a checkpoint directory each worker has its own copy of, not storage
+            every worker shares).
+    """
+    import jax
+
+    mine = resume.choose_step(
+        train_cfg, fresh_optimizer_state=fresh_optimizer_state, move_damaged=primary, log=log
+    )
+    if jax.process_count() == 1:
+        return mine
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    hosts.barrier("resume-step")
+    agreed = int(multihost_utils.broadcast_one_to_all(np.int32(mine)))
+    if mine != agreed:
+        raise errors.UserError(
+            f"{train_cfg.checkpoint_dir}: host {jax.process_index()} found checkpoint step "
+            f"{mine}, host 0 resumes from step {agreed}; train.output_dir must be storage every "
+            "host shares (a gs:// bucket on a slice)"
+        )
+    return agreed
 
 
 def _restore(prepared: _Prepared, log: Callable[[str], None]) -> tuple[Any, optax.Schedule, int]:
@@ -662,6 +691,7 @@ def _loop(
         prepared.stage_log.start("compile", at=loop_started)
         prepared.stage_log.start("first_step", at=loop_started)
     status = "failed"
+    hosts.barrier("first-step")  # the hosts may have compiled the step at different speeds
     try:
         with mesh, segment.compile, cache_report:
             trainer.train(stream)  # closes the trainer: final metrics + final checkpoint

@@ -667,6 +667,13 @@ worker_number() {
   metadata attributes/agent-worker-number
 }
 
+# The slice's workers, comma-separated, from the metadata every TPU VM of a slice carries (one
+# entry on a single-host VM); the trainer derives the coordinator and the process count from it
+# and the process id from worker_number (workloads/train/hosts.py).
+worker_endpoints() {
+  metadata attributes/worker-network-endpoints
+}
+
 # The zone this VM runs in (projects/N/zones/<zone> -> <zone>): with zoneFallbacks it may not be
 # the stack's first zone, and the units that stop or delete this node must name the right one.
 instance_zone() {
@@ -851,10 +858,11 @@ weights_stopped() {
 # arrive (see wait_for_model_files); a weights stage that fails before ready fails the boot,
 # after ready it leaves $STAGE_DIR.failed for the waiting trainer.
 boot() {
-  local worker weights_job zone
+  local worker weights_job zone endpoints
   begin
   worker=$(worker_number)
   zone=$(instance_zone)
+  endpoints=$(worker_endpoints)
   log "worker $worker of $HOSTS"
   stage python ensure_python_and_uv
   ensure_shm
@@ -865,7 +873,12 @@ boot() {
   ) &
   weights_job=$!
   stage venv ensure_venv
-  write_env "GEMMA4_WORKER=$worker" "GEMMA4_ZONE=$zone"
+  # Every worker of a slice must find the same list of them, or the trainers cannot join.
+  if [ "$HOSTS" -gt 1 ] && [ "$(printf '%s' "$endpoints" | tr ',' '\n' | grep -c .)" != "$HOSTS" ]; then
+    log "ERROR: worker-network-endpoints lists '$endpoints', expected $HOSTS workers; not ready"
+    return 1
+  fi
+  write_env "GEMMA4_WORKER=$worker" "GEMMA4_WORKER_ENDPOINTS=$endpoints" "GEMMA4_ZONE=$zone"
   if ! wait_for_model_files "$weights_job"; then
     wait "$weights_job" || true
     log "ERROR: the weights stage failed (above); not ready"

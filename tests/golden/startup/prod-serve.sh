@@ -643,6 +643,13 @@ worker_number() {
   metadata attributes/agent-worker-number
 }
 
+# The slice's workers, comma-separated, from the metadata every TPU VM of a slice carries (one
+# entry on a single-host VM); the trainer derives the coordinator and the process count from it
+# and the process id from worker_number (workloads/train/hosts.py).
+worker_endpoints() {
+  metadata attributes/worker-network-endpoints
+}
+
 # The zone this VM runs in (projects/N/zones/<zone> -> <zone>): with zoneFallbacks it may not be
 # the stack's first zone, and the units that stop or delete this node must name the right one.
 instance_zone() {

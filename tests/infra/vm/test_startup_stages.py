@@ -285,7 +285,8 @@ def test_the_hub_client_is_pinned_in_its_own_venv_and_kept_across_boots(vm):
 # takes a second; the hub download takes a second too (FAKE_HF_SECONDS).
 BOOT_ON_A_FAKE_VM = (
     'begin() { rm -f "$READY_MARKER"; trap \'stage_end false "stopped"\' EXIT; }; '
-    "worker_number() { echo 0; }; instance_zone() { echo us-east5-a; }; ensure_shm() { :; }; "
+    "worker_number() { echo 0; }; worker_endpoints() { echo 10.0.0.2; }; "
+    "instance_zone() { echo us-east5-a; }; ensure_shm() { :; }; "
     "ensure_python() { :; }; ensure_venv() { /bin/sleep 1; STAGE_NOTE=installed; }; "
     "write_env() { :; }; start_uploads() { :; }; "
 )

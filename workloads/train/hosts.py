@@ -1,0 +1,212 @@
+"""Joining the hosts of a multi-host slice (v5p-16 and up: one trainer process per worker).
+
+Every worker derives the same three values from what it already knows, the slice's worker list
+and its own worker number: the coordinator (worker 0's address and a fixed port), the process
+count (the number of workers) and the process id (the worker number). On a TPU VM the startup
+script copies them from the GCE metadata (`instance/attributes/worker-network-endpoints` and
+`agent-worker-number`) into the units' environment file; a rehearsal on one machine sets the same
+variables itself (127.0.0.1 for every worker and a free port). One code path either way: JAX's
+own detection is not used, because it only runs where it finds TPU hardware.
+
+A lost worker must not wedge the others in a collective: the coordination service's heartbeat
+timeout makes JAX end every other process (they exit non-zero, their units restart them, and all
+resume from the newest checkpoint), and the initialisation timeout bounds how long a restarted
+worker waits for the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+from collections.abc import Mapping
+
+from workloads.common import errors
+
+ENDPOINTS_ENV = "GEMMA4_WORKER_ENDPOINTS"
+WORKER_ENV = "GEMMA4_WORKER"
+PORT_ENV = "GEMMA4_COORDINATOR_PORT"
+HEARTBEAT_ENV = "GEMMA4_HEARTBEAT_TIMEOUT_S"
+INIT_ENV = "GEMMA4_INIT_TIMEOUT_S"
+SHUTDOWN_ENV = "GEMMA4_SHUTDOWN_TIMEOUT_S"
+
+# JAX's own choice for Cloud TPU slices (jax._src.clusters.cloud_tpu_cluster).
+DEFAULT_PORT = 8482
+# A worker silent this long is taken as dead and the others are ended. JAX's default is 100 s;
+# 60 s still rides out a long garbage-collection pause or a busy host, and gives a slice whose
+# worker died back to systemd sooner.
+DEFAULT_HEARTBEAT_S = 60
+# How long a starting worker waits for the others. The workers of a new slice get ready minutes
+# apart (worker 0 downloads the weights the others wait for, then each loads them), so this is
+# generous; past it the process exits non-zero and systemd starts it again.
+DEFAULT_INIT_S = 1800
+# How long a finished process waits for the others at the shutdown barrier.
+DEFAULT_SHUTDOWN_S = 300
+
+
+@dataclasses.dataclass(frozen=True)
+class Hosts:
+    """This process's place in a multi-host run."""
+
+    coordinator: str  # host:port of process 0's coordination service
+    count: int
+    index: int
+    heartbeat_timeout_s: int = DEFAULT_HEARTBEAT_S
+    init_timeout_s: int = DEFAULT_INIT_S
+    shutdown_timeout_s: int = DEFAULT_SHUTDOWN_S
+
+
+def parse_endpoints(text: str) -> list[str]:
+    """The workers' addresses from `worker-network-endpoints`: comma-separated, each a host name
+    or address, or the older `name:id:address` triple (the two forms the metadata server uses).
+
+    Raises:
+        errors.UserError: an empty entry or another form.
+    """
+    addresses = []
+    for entry in text.split(","):
+        parts = entry.strip().split(":")
+        if len(parts) == 1 and parts[0]:
+            addresses.append(parts[0])
+        elif len(parts) == 3 and parts[2]:
+            addresses.append(parts[2])
+        else:
+            raise errors.UserError(
+                f"{ENDPOINTS_ENV}={text!r}: entry {entry!r} is neither an address nor "
+                "name:id:address; allowed: comma-separated addresses"
+            )
+    return addresses
+
+
+def _int_env(env: Mapping[str, str], name: str, default: int | None, low: int, high: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw and default is not None:
+        return default
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise errors.UserError(f"{name}={raw!r}: must be an integer from {low} to {high}")
+    return int(raw)
+
+
+def from_env(env: Mapping[str, str] | None = None) -> Hosts | None:
+    """This process's place from the environment; None for a one-host run (no worker list, or
+    a list of one).
+
+    Raises:
+        errors.UserError: a malformed worker list, a worker number outside it, a bad port or
+            timeout (one line naming the variable, its value and what is allowed).
+    """
+    env = os.environ if env is None else env
+    text = env.get(ENDPOINTS_ENV, "").strip()
+    if not text:
+        return None
+    workers = parse_endpoints(text)
+    if len(workers) == 1:
+        return None
+    index = _int_env(env, WORKER_ENV, None, 0, len(workers) - 1)
+    port = _int_env(env, PORT_ENV, DEFAULT_PORT, 1, 65535)
+    return Hosts(
+        coordinator=f"{workers[0]}:{port}",
+        count=len(workers),
+        index=index,
+        heartbeat_timeout_s=_int_env(env, HEARTBEAT_ENV, DEFAULT_HEARTBEAT_S, 1, 86400),
+        init_timeout_s=_int_env(env, INIT_ENV, DEFAULT_INIT_S, 1, 86400),
+        shutdown_timeout_s=_int_env(env, SHUTDOWN_ENV, DEFAULT_SHUTDOWN_S, 1, 86400),
+    )
+
+
+def join(hosts: Hosts | None) -> None:
+    """Connects this process to the others (jax.distributed.initialize); nothing for one host.
+    Must run before anything touches a JAX device."""
+    if hosts is None:
+        return
+    import jax
+
+    # CPU devices (a rehearsal) need a cross-process collectives backend; TPUs ignore this.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=hosts.coordinator,
+        num_processes=hosts.count,
+        process_id=hosts.index,
+        initialization_timeout=hosts.init_timeout_s,
+        heartbeat_timeout_seconds=hosts.heartbeat_timeout_s,
+        shutdown_timeout_seconds=hosts.shutdown_timeout_s,
+    )
+
+
+# How long a host waits at a barrier for the slowest one (a host that died ends the wait sooner:
+# the heartbeat timeout).
+BARRIER_TIMEOUT_S = 1800
+
+
+def barrier(name: str) -> None:
+    """Waits until every host of the run reaches the barrier `name` (nothing for one host).
+
+    Through the coordination service, not a device collective: on CPU devices the first gloo
+    collective of a set of devices waits only 30 s for the other hosts (a fixed limit of XLA's),
+    and hosts that compiled the step at different speeds arrive minutes apart. TPU collectives
+    have no such limit; the barrier costs them one round trip.
+    """
+    import jax
+
+    if jax.process_count() == 1:
+        return
+    from jax._src import distributed  # the client jax.distributed.initialize created
+
+    client = distributed.global_state.client
+    if client is not None:
+        client.wait_at_barrier(f"gemma4-{name}", BARRIER_TIMEOUT_S * 1000)
+
+
+def rehearsal_env(count: int, index: int, port: int, heartbeat_s: int = 10) -> dict[str, str]:
+    """The variables that make one process of `count` on this machine a worker of a slice (the
+    demo's --hosts and the multi-host tests): every worker at 127.0.0.1."""
+    return {
+        ENDPOINTS_ENV: ",".join(["127.0.0.1"] * count),
+        WORKER_ENV: str(index),
+        PORT_ENV: str(port),
+        HEARTBEAT_ENV: str(heartbeat_s),
+        INIT_ENV: "120",
+        SHUTDOWN_ENV: "30",
+    }
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (for a rehearsal's coordinator)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def launch_local(
+    count: int,
+    argv: list[str],
+    *,
+    port: int,
+    devices_per_host: int,
+    log_dir: str,
+    index: int | None = None,
+    heartbeat_s: int = 10,
+    extra_env: Mapping[str, str] | None = None,
+) -> dict[int, subprocess.Popen[bytes]]:
+    """Starts the workers of a slice rehearsed on this machine: `argv` once per worker (or only
+    worker `index`), each with `devices_per_host` CPU devices and the variables `from_env`
+    reads; stdout and stderr go to `<log_dir>/host<i>.log` (appended: a restart adds to it).
+
+    Returns:
+        worker number -> its subprocess.Popen.
+    """
+    os.makedirs(log_dir, exist_ok=True)
+    started: dict[int, subprocess.Popen[bytes]] = {}
+    for i in range(count) if index is None else [index]:
+        env = {
+            **os.environ,
+            **(extra_env or {}),
+            **rehearsal_env(count, i, port, heartbeat_s),
+            "JAX_PLATFORMS": "cpu",
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_host}",
+        }
+        with open(os.path.join(log_dir, f"host{i}.log"), "ab") as log:
+            started[i] = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return started
