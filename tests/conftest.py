@@ -21,5 +21,6 @@ pytest_plugins: list[str] = [
     "tests.fixtures.tiny_model",
     "tests.fixtures.sshd",
     "tests.fixtures.gcs_server",
+    "tests.fixtures.gcs_faults",
     "tests.fixtures.localcloud",
 ]

@@ -6,6 +6,7 @@ only visible once its upload completes. Nothing here deletes user data.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import pathlib
@@ -53,6 +54,90 @@ def _list_gcs_afresh() -> None:
 
 _list_gcs_afresh()
 
+# A GCS request that sends or receives nothing for this long is abandoned and retried: with no
+# bound (gcsfs's default) a stalled connection hangs the trainer forever. 20 s of silence is far
+# beyond a healthy GCS answer, also for a large upload chunk (the clock restarts on every read).
+GCS_CONNECT_TIMEOUT_S = 10.0
+GCS_READ_TIMEOUT_S = 20.0
+# gcsfs retries each request itself (6 tries, 5xx/408/429, dropped connections and the timeouts
+# above) with backoff sleeps of 1, 2, 4, 8, 16 s plus < 1 s jitter each: a request gives up
+# after at most 6 x 20 s + 36 s, about 2.5 minutes, and a refused connection after about 36 s.
+GCS_GIVE_UP_S = 6 * GCS_READ_TIMEOUT_S + 36
+
+
+def _bound_gcs_requests() -> None:
+    """Sets gcsfs's per-request timeout for every gcsfs instance of this process (Orbax's too).
+
+    It must be an aiohttp ClientTimeout of socket timeouts: a plain number becomes a total
+    timeout, whose asyncio.TimeoutError gcsfs does not retry, and a total time would also cut
+    a long healthy download short.
+    """
+    try:
+        import aiohttp
+        import fsspec.config
+    except ImportError:  # no gs:// support installed: nothing to bound
+        return
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=GCS_CONNECT_TIMEOUT_S, sock_read=GCS_READ_TIMEOUT_S
+    )
+    for protocol in ("gs", "gcs"):
+        fsspec.config.conf.setdefault(protocol, {}).setdefault("requests_timeout", timeout)
+
+
+_bound_gcs_requests()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+@contextlib.contextmanager
+def gcs_errors(path: str, doing: str) -> Iterator[None]:
+    """Turns what a gs:// call raises once gcsfs has given up into one line naming the object.
+
+    Missing objects (FileNotFoundError) and failed preconditions (FileExistsError) pass through:
+    callers decide what they mean. A missing bucket on a write is also FileNotFoundError.
+
+    Args:
+        path: the URL the call was about (named in the message).
+        doing: what the call did, for the message ("write", "read", "take the lock on").
+
+    Raises:
+        errors.UserError: access denied (HTTP 403), or GCS failed after gcsfs's retries.
+    """
+    try:
+        yield
+    except (FileNotFoundError, FileExistsError, IsADirectoryError):
+        raise
+    except errors.UserError:
+        raise
+    except Exception as exc:
+        first = _first_line(exc)
+        if first.startswith("Forbidden") or getattr(exc, "code", None) == 403:
+            raise errors.UserError(
+                f"{path}: access denied (HTTP 403) trying to {doing} it; give this machine's "
+                "service account a storage role on the bucket"
+            ) from None
+        if _is_gcs_failure(exc):
+            raise errors.UserError(
+                f"{path}: could not {doing} it, GCS still failing after retries for up to "
+                f"{GCS_GIVE_UP_S:.0f} s ({type(exc).__name__}: {first})"
+            ) from None
+        raise
+
+
+def _is_gcs_failure(exc: BaseException) -> bool:
+    """Whether exc is a server or network failure (retried by gcsfs until it gave up)."""
+    if isinstance(exc, (TimeoutError, ConnectionError)):
+        return True
+    try:
+        import aiohttp
+        import gcsfs.retry
+    except ImportError:
+        return False
+    return isinstance(exc, (gcsfs.retry.HttpError, aiohttp.ClientError))
+
 
 def filesystem(path: str) -> tuple[Any, str]:
     """The fsspec filesystem of a local path or URL and the path inside it.
@@ -76,7 +161,8 @@ def exists(path: str) -> bool:
     if not is_remote(path):
         return os.path.exists(path)
     fs, p = filesystem(path)
-    return bool(fs.exists(p))
+    with gcs_errors(path, "look up"):
+        return bool(fs.exists(p))
 
 
 def read_bytes(path: str) -> bytes:
@@ -93,7 +179,8 @@ def read_bytes(path: str) -> bytes:
             raise errors.UserError(_cannot_read(path, exc)) from None
     fs, p = filesystem(path)
     try:
-        return bytes(fs.cat_file(p))
+        with gcs_errors(path, "read"):
+            return bytes(fs.cat_file(p))
     except FileNotFoundError:
         raise errors.UserError(f"{path}: file not found") from None
     except IsADirectoryError:
@@ -185,7 +272,11 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
     """Writes a file so that readers see either the old or the complete new content."""
     if is_remote(path):
         fs, p = filesystem(path)
-        fs.pipe_file(p, data)
+        try:
+            with gcs_errors(path, "write"):
+                fs.pipe_file(p, data)
+        except FileNotFoundError:
+            raise errors.UserError(f"{path}: bucket {p.split('/')[0]} not found") from None
         return
     target = pathlib.Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -215,7 +306,8 @@ def list_files(path: str) -> list[str]:
             raise errors.UserError(f"{path}: directory not found")
         return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     fs, p = filesystem(path)
-    found = fs.find(p)
+    with gcs_errors(path, "list"):
+        found = fs.find(p)
     prefix = p.rstrip("/") + "/"
     return sorted(f[len(prefix) :] for f in found if f.startswith(prefix))
 

@@ -23,6 +23,7 @@ import datetime
 import json
 import os
 import socket
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +58,9 @@ def _me() -> dict[str, Any]:
         "start_time": _start_time(os.getpid()),
         "boot_id": _boot_id(),
         "since": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        # Makes this acquire's content unique, so a lock whose create answer was lost is
+        # recognised as ours by its content alone (see _create_remote).
+        "token": uuid.uuid4().hex,
     }
 
 
@@ -140,6 +144,10 @@ class RunLock:
         self._fd = fd
 
     def _acquire_remote(self, data: bytes) -> None:
+        with storage.gcs_errors(self.path, "take the lock"):
+            self._create_remote(data)
+
+    def _create_remote(self, data: bytes) -> None:
         fs, path = storage.filesystem(self.path)
         for _ in range(3):
             try:
@@ -151,9 +159,15 @@ class RunLock:
                 return
             try:
                 info = fs.info(path)
-                holder = _parse(bytes(fs.cat_file(path)))
+                raw = bytes(fs.cat_file(path))
+                holder = _parse(raw)
             except FileNotFoundError:
                 continue  # released between the two calls: try again
+            if raw == data:
+                # Our own create: it went through but its answer was lost (a dropped
+                # connection, a 503 from a front end), and gcsfs's retry then met our object.
+                self._mine = data
+                return
             if not is_stale(holder):
                 raise self._busy(
                     holder,
@@ -176,7 +190,10 @@ class RunLock:
             self._fd = None
         if self._mine is not None:
             fs, path = storage.filesystem(self.path)
-            with contextlib.suppress(FileNotFoundError, FileExistsError):
+            with (
+                storage.gcs_errors(self.path, "release the lock"),
+                contextlib.suppress(FileNotFoundError, FileExistsError),
+            ):
                 if bytes(fs.cat_file(path)) == self._mine:
                     _delete_if_unchanged(fs, path, fs.info(path))
             self._mine = None
