@@ -10,11 +10,11 @@ import sys
 import threading
 import time
 
-import fsspec
 import yaml
 
 from tests.serve.conftest import write_merged_model
 from workloads import cli
+from workloads.common import storage
 from workloads.contract import runconfig
 from workloads.serve import argv, command, readiness
 
@@ -89,7 +89,8 @@ def test_serve_stages_launches_waits_syncs_and_stops(
     assert calls[0] == ["rm", "-f", "gemma4-vllm"]
     assert calls[1] == argv.serve_argv(serve, argv.model_source(serve))[1:]
     assert calls[2] == ["stop", "-t", "5", "gemma4-vllm"]
-    remote = fsspec.filesystem("memory").find(f"{memory_url.removeprefix('memory://')}/xla-cache")
+    fs, cache_root = storage.filesystem(f"{memory_url}/xla-cache")
+    remote = fs.find(cache_root)
     assert sorted(p.rsplit("/", 1)[-1] for p in remote) == ["jit_decode_16", "jit_prefill_16"]
     out, err = capsys.readouterr()
     assert "INFO compiling token buckets" in out and "INFO Shutting down" in out
