@@ -11,6 +11,7 @@ import pytest
 
 from infra.components import recovery as recovery_mod
 from tests.fixtures.localcloud import MachineFactory
+from tests.infra.components.test_recovery import controller_args
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 GOLDEN_TRAIN = REPO / "tests/golden/startup/dev-train.sh"
@@ -26,24 +27,7 @@ time.sleep(float(sys.argv[1]))
 
 
 def _recover_script() -> str:
-    args = recovery_mod.RecoveryArgs(
-        project="acme",
-        stack="dev",
-        prefix="gemma4-dev",
-        zone="us-central1-a",
-        machine_type="e2-micro",
-        network="default",
-        subnetwork=None,
-        backend_url="gs://acme-pulumi-state",
-        training_bucket="acme-gemma4-dev-us-central1",
-        vm_service_account="projects/acme/serviceAccounts/vm@acme.iam.gserviceaccount.com",
-        ssh_key="unused",
-        ssh_key_file="~/.ssh/id_ed25519",
-        passphrase="unused",
-        kms_key=None,
-        interval_s=90,
-        labels={},
-    )
+    args = controller_args()
     script = recovery_mod.render_startup(args, "gs://b/recovery/source-dev.tar.gz", "k", "p")
     return script.replace('\nmain "$@"\n', "\n")  # sourced: the test calls the steps
 

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import tarfile
 import zlib
+from typing import Any
 
 import pulumi
 import pytest
@@ -28,6 +29,31 @@ SSH_KEY = (
 )
 PASSPHRASE = "correct-horse-battery-staple-7f3a"
 BACKEND = "gs://acme-pulumi-state/gemma4"
+
+
+def controller_args(**overrides: Any) -> recovery_mod.RecoveryArgs:
+    """The recovery controller of an example dev stack (the rendered script's inputs)."""
+    values: dict[str, Any] = {
+        "project": "acme",
+        "stack": "dev",
+        "prefix": "gemma4-dev",
+        "zone": "us-central1-a",
+        "machine_type": "e2-micro",
+        "network": "default",
+        "subnetwork": None,
+        "backend_url": "gs://acme-pulumi-state",
+        "training_bucket": "acme-gemma4-dev-us-central1",
+        "vm_service_account": "projects/acme/serviceAccounts/vm@acme.iam.gserviceaccount.com",
+        "ssh_key": "unused",
+        "ssh_key_file": "~/.ssh/id_ed25519",
+        "passphrase": "unused",
+        "kms_key": None,
+        "interval_s": 90,
+        "labels": {},
+    }
+    return recovery_mod.RecoveryArgs(**(values | overrides))
+
+
 INSTANCE = "gcp:compute/instance:Instance"
 ADDRESS = "gcp:compute/address:Address"
 CUSTOM_ROLE = "gcp:projects/iAMCustomRole:IAMCustomRole"
@@ -399,24 +425,7 @@ fi
 def test_the_service_wrapper_installs_the_source_reads_its_secrets_and_runs_recover(
     tmp_path: pathlib.Path,
 ) -> None:
-    args = recovery_mod.RecoveryArgs(
-        project="acme",
-        stack="dev",
-        prefix="gemma4-dev",
-        zone="us-central1-a",
-        machine_type="e2-micro",
-        network="default",
-        subnetwork=None,
-        backend_url=BACKEND,
-        training_bucket="acme-gemma4-dev-us-central1",
-        vm_service_account="projects/acme/serviceAccounts/vm@acme.iam.gserviceaccount.com",
-        ssh_key="unused",
-        ssh_key_file="~/.ssh/id_ed25519",
-        passphrase="unused",
-        kms_key=None,
-        interval_s=90,
-        labels={},
-    )
+    args = controller_args(backend_url=BACKEND)
     script = recovery_mod.render_startup(
         args,
         "gs://acme-gemma4-dev-us-central1/recovery/source-dev.tar.gz",
