@@ -737,13 +737,13 @@ stage_merged_model() {
 # so nothing is copied into /dev/shm; the stage records the choice and that no host checksum runs.
 note_bucket_weights() {
   log "weights stream from $MERGED_URI (serving.weightsFrom bucket): not staged, not checksum-verified on this host"
-  STAGE_NOTE="streamed from $MERGED_URI by vLLM, not staged"
+  STAGE_NOTE="streamed from $MERGED_URI by vLLM (serving.weightsFrom bucket), not staged"
 }
 
 # The merged model's weights as serving.weightsFrom says: staged into /dev/shm, or left in gs://.
 merged_model_weights() {
   if [ "$WEIGHTS_FROM" = bucket ]; then
-    stage weights-from-bucket note_bucket_weights
+    stage weights note_bucket_weights
   else
     stage_merged_model
   fi

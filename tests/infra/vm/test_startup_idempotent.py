@@ -208,10 +208,12 @@ def test_serving_weights_from_the_bucket_are_not_staged_and_the_stage_says_so(tm
     assert not merged_dir.exists() and not _calls(tmp, "storage")
     records = [json.loads(line) for line in stages.read_text().splitlines()]
     assert [(r["stage"], r["event"]) for r in records] == [
-        ("weights-from-bucket", "start"),
-        ("weights-from-bucket", "end"),
+        ("weights", "start"),
+        ("weights", "end"),
     ]
-    assert records[-1]["note"] == "streamed from gs://serve/merged/run by vLLM, not staged"
+    assert records[-1]["note"] == (
+        "streamed from gs://serve/merged/run by vLLM (serving.weightsFrom bucket), not staged"
+    )
 
     # The default stages, as before.
     script = templating.render("startup/serve.sh.j2", **(context | {"weights_from": "staged"}))
