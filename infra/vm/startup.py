@@ -259,6 +259,7 @@ def serve_context(cfg: config_mod.StackConfig) -> dict[str, Any]:
         "vllm_image": cfg.serving.image,
         "merged_uri": runconfig_render.merged_uri(cfg),
         "merged_dir": _SERVE_DEFAULTS["local_dir"].default,
+        "weights_from": cfg.serving.weights_from,
         "vllm_cache_dir": cache_dir,
         "vllm_cache_uri": runconfig_render.serve_compile_cache_uri(cfg),
         "verilog_eval_repo": VERILOG_EVAL_REPO,

@@ -2,8 +2,9 @@
 
 Every call appends its argv as one JSON line to $FAKE_DOCKER_LOG. Supported:
 - `run ... --entrypoint vllm IMAGE serve PATH --served-model-name N ... --port P`: checks what
-  vLLM would (a local model with offline mode needs PATH/config.json; the compile cache variable
-  must point at a mounted dir), prints vLLM-like log lines, serves GET /health and /v1/models on
+  vLLM would (a local model with offline mode needs PATH/config.json; a gs:// PATH is streamed,
+  so it needs --load-format runai_streamer instead; the compile cache variable must point at a
+  mounted dir), prints vLLM-like log lines, serves GET /health and /v1/models on
   127.0.0.1:P, writes two compile-cache entries into the mounted cache dir unless it already has
   some ("cache hit"), and exits 0 on SIGTERM. $FAKE_VLLM_MODE: ok | crash (exits 3 before
   listening) | never (listens, never ready) | die (ready, then exits 1 after 1 s);
@@ -84,7 +85,15 @@ def run(args: list[str]) -> int:
     model, served = command[1], _flag(command, "--served-model-name")
     port = int(_flag(command, "--port"))
     _say(f"INFO vllm serve {model} (served as {served}) on port {port}")
-    if env.get("HF_HUB_OFFLINE") == "1" and not pathlib.Path(model, "config.json").is_file():
+    if model.startswith("gs://"):
+        if _flag(command, "--load-format") != "runai_streamer":
+            _say(
+                f"fake docker: {model} is object storage: only --load-format "
+                "runai_streamer reads it"
+            )
+            return 1
+        _say(f"INFO streaming {model} with the Run:ai Model Streamer")
+    elif env.get("HF_HUB_OFFLINE") == "1" and not pathlib.Path(model, "config.json").is_file():
         _say(f"OSError: {model} is not a local folder with a config.json and offline mode is on")
         return 1
     cache_host = mounts.get(env.get("VLLM_XLA_CACHE_PATH", ""))

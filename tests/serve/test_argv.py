@@ -419,3 +419,47 @@ def test_the_paper_profile_leaves_the_engine_its_own_choices():
         "--block-size",
     } & set(flags)
     assert "USE_BATCHED_RPA_KERNEL" not in argv.engine_env(_serve())
+
+
+def test_weights_from_the_bucket_stream_the_gs_model_with_the_runai_streamer():
+    staged = _serve()
+    bucket = _serve(model_dir="gs://bucket/merged/run1/", weights_from="bucket")
+    source = argv.model_source(bucket)
+    assert source == argv.ModelSource(
+        "bucket", "gs://bucket/merged/run1/", "gs://bucket/merged/run1"
+    )
+    staged_argv = argv.serve_argv(staged, argv.model_source(staged))
+    bucket_argv = argv.serve_argv(bucket, source)
+    # The same command but the model (the gs:// URI, not the staged copy) and the load format;
+    # the URI is no host path, so nothing more is mounted.
+    at = staged_argv.index("/dev/shm/models/merged")
+    assert bucket_argv[:at] == staged_argv[:at]
+    assert bucket_argv[at] == "gs://bucket/merged/run1"
+    flags = staged_argv[at + 1 :]
+    knobs_end = flags.index("--disable_chunked_mm_input")
+    assert bucket_argv[at + 1 :] == [
+        *flags[:knobs_end],
+        "--load-format",
+        "runai_streamer",
+        *flags[knobs_end:],
+    ]
+    assert "--load-format" not in staged_argv
+    assert argv.process_serve_argv(bucket, source)[3:5] == ["--model", "gs://bucket/merged/run1"]
+
+
+@pytest.mark.parametrize("model_dir", ["/dev/shm/models/merged", "hf://google/gemma-4-31b-it"])
+def test_weights_from_the_bucket_need_a_gs_model_dir(model_dir):
+    with pytest.raises(errors.UserError) as info:
+        runconfig.parse(
+            {
+                "run_name": "r",
+                "serve": {"model_dir": model_dir, "weights_from": "bucket"},
+            }
+        )
+    lines = [line for line in str(info.value).splitlines() if "serve." in line]
+    assert lines == [
+        f"run config: serve.model_dir: {model_dir!r}: weights_from bucket streams the merged "
+        "model from gs://, so model_dir must be a gs:// directory; use a gs:// model_dir or "
+        "weights_from: staged"
+    ]
+    runconfig.ServingRunSection(model_dir=model_dir)  # staged (the default) takes either

@@ -108,6 +108,44 @@ def test_serve_stages_launches_waits_syncs_and_stops(
     assert "INFO XLA cache hit: 2 entries" in out and "compiling" not in out
 
 
+def test_weights_from_the_bucket_wait_for_the_marker_then_stream_without_staging(
+    tmp_path, fake_docker, free_port, gcs_bucket, monkeypatch, capsys
+):
+    model_dir = f"{gcs_bucket}/merged"
+    config = _config(tmp_path, free_port, model_dir=model_dir, weights_from="bucket")
+    # The merge finishes after serve started: the marker wait still comes before vLLM.
+    writer = threading.Timer(0.3, write_merged_model, args=(model_dir,))
+    writer.start()
+    try:
+        with _stop_when_ready(monkeypatch, free_port) as seen_ready:
+            assert cli.main(["serve", "--config", config]) == 0
+    finally:
+        writer.join()
+    assert seen_ready.is_set()
+    assert not (tmp_path / "staged").exists()
+    serve = runconfig.load(config).serve
+    run = fake_docker.calls()[1]
+    assert run == argv.serve_argv(serve, argv.model_source(serve))[1:]
+    assert run[run.index("serve") + 1] == model_dir
+    assert run[run.index("--load-format") + 1] == "runai_streamer"
+    out, err = capsys.readouterr()
+    assert f"INFO streaming {model_dir}" in out
+    assert f"waiting for {model_dir}/model.safetensors.index.json" in err
+    assert "serve: staged " not in err and "serve: verified " not in err
+    assert f"weights stream from the bucket: vLLM reads {model_dir}" in err
+    assert "checksums are not verified on this host" in err
+
+
+def test_dry_run_names_the_bucket_and_the_missing_host_check(tmp_path, capsys):
+    config = _config(tmp_path, 8000, model_dir="gs://bucket/merged/r", weights_from="bucket")
+    assert cli.main(["serve", "--config", config, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "model: gs://bucket/merged/r (bucket)" in out
+    assert "stream: wait up to 5 s for model.safetensors.index.json + merge_metadata.json" in out
+    assert "stage:" not in out
+    assert "serve gs://bucket/merged/r" in out and "--load-format runai_streamer" in out
+
+
 def test_sigterm_is_forwarded_to_the_container(tmp_path, fake_docker, free_port):
     write_merged_model(str(tmp_path / "merged"))
     config = _config(tmp_path, free_port, model_dir=str(tmp_path / "merged"))

@@ -69,11 +69,14 @@ def verdicts() -> dict[str, str | None]:
     # and its overrides: a block size and async scheduling switched off.
     throughput = _serve(profile="throughput")
     overridden = _serve(profile="throughput", block_size=256, async_scheduling=False)
+    # The merged model streamed from its bucket: a gs:// model and --load-format runai_streamer.
+    bucket = _serve(model_dir="gs://bucket/merged/run1", weights_from="bucket")
     cases = {
         "tpu serve": ("serve", _docker_engine_argv(tpu)),
         "tpu serve, fp8 kv": ("serve", _docker_engine_argv(fp8)),
         "tpu serve, throughput profile": ("serve", _docker_engine_argv(throughput)),
         "tpu serve, throughput overridden": ("serve", _docker_engine_argv(overridden)),
+        "tpu serve, weights from the bucket": ("serve", _docker_engine_argv(bucket)),
         "local serve": ("serve", _process_engine_argv(demo)),
         "tpu bench": ("bench", _bench_argv(tpu, launcher="docker")),
         "local bench": ("bench", _bench_argv(demo, launcher="process")),
@@ -95,6 +98,7 @@ def verdicts() -> dict[str, str | None]:
         "tpu serve, fp8 kv",
         "tpu serve, throughput profile",
         "tpu serve, throughput overridden",
+        "tpu serve, weights from the bucket",
         "local serve",
         "tpu bench",
         "local bench",

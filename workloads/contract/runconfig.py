@@ -188,6 +188,19 @@ class ServingRunSection(settings.ServingSettings):
         "process only.",
     )
 
+    @pydantic.field_validator("model_dir")
+    @classmethod
+    def _bucket_needs_gs(cls, value: str, info: pydantic.ValidationInfo) -> str:
+        """Allowed with weights_from bucket: a gs:// directory only (what vLLM's Run:ai streamer
+        reads; a local directory or a hub id has no bucket to stream from). weights_from, a field
+        of the base class, is validated before model_dir, so info.data has it."""
+        if info.data.get("weights_from") == "bucket" and not value.startswith("gs://"):
+            raise ValueError(
+                "weights_from bucket streams the merged model from gs://, so model_dir must be "
+                "a gs:// directory; use a gs:// model_dir or weights_from: staged"
+            )
+        return value
+
     @pydantic.field_validator("image")
     @classmethod
     def _loads_gemma4(cls, value: str) -> str:

@@ -242,6 +242,16 @@ checkpoint, marked untested, not as an on-load Qwix rule."""
 
 ServingProfile = Literal["paper", "throughput"]
 
+WeightsFrom = Literal["staged", "bucket"]
+"""Where vLLM reads the merged weights on the serving VM: staged = copied from gs:// into
+/dev/shm first, each file's checksum verified against merge_metadata.json; bucket = streamed
+from gs:// by vLLM's Run:ai Model Streamer (`--load-format runai_streamer`), no copy and no host
+checksum (the merge's own verify stands). Staged is the default: no measurement compares the two
+for this model, and only staging checks what it loads (docs/architecture.md, "Serving")."""
+
+# vLLM's load format that streams safetensors from object storage (gs://, s3://).
+RUNAI_STREAMER = "runai_streamer"
+
 # fp8 on load: every module (module_path ".*"), weights and activations, float8_e4m3fn: the rule
 # of tpu-inference's daily Gemma 4 31B benchmark (.buildkite/benchmark/cases/daily/).
 QWIX_FP8_RULES = {
@@ -385,6 +395,13 @@ class ServingSettings(Settings):
         gt=0,
         description="Fraction of each chip's HBM vLLM may use for weights, activations and KV "
         "cache (--gpu-memory-utilization), at most 0.98: the rest holds the compiled programs.",
+    )
+    weights_from: WeightsFrom = pydantic.Field(
+        "staged",
+        description="Where vLLM reads the merged weights: staged = copied from gs:// into "
+        "/dev/shm first, checksums verified against merge_metadata.json; bucket = streamed "
+        "straight from gs:// (--load-format runai_streamer), no copy and no checksum on the host "
+        "(the merge's own verify stands); needs the merged model in gs://.",
     )
 
     @pydantic.model_validator(mode="wrap")

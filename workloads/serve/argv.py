@@ -63,13 +63,15 @@ class ModelSource:
     """Where the served weights come from and what `vllm serve` is given.
 
     Attributes:
-        kind: `remote` (gs:// or another fsspec URL: staged to serve.local_dir), `local` (a
-            directory on this host, served in place) or `hub` (a Hugging Face repository id).
+        kind: `remote` (gs:// or another fsspec URL: staged to serve.local_dir), `bucket` (a
+            gs:// directory vLLM streams from with serve.weights_from bucket: nothing staged),
+            `local` (a directory on this host, served in place) or `hub` (a Hugging Face
+            repository id).
         location: serve.model_dir as configured.
-        serve_path: the argument of `vllm serve`: a local directory or a hub id.
+        serve_path: the argument of `vllm serve`: a local directory, a gs:// URI or a hub id.
     """
 
-    kind: Literal["remote", "local", "hub"]
+    kind: Literal["remote", "bucket", "local", "hub"]
     location: str
     serve_path: str
 
@@ -84,12 +86,16 @@ def model_source(
     """Classifies serve.model_dir.
 
     `hf://org/name` is always a hub id; a bare `org/name` is one only when no such local path
-    exists; anything with `://` is a remote directory that is staged; the rest is a local path.
+    exists; anything with `://` is a remote directory that is staged, or, with serve.weights_from
+    bucket (the run config allows it for gs:// only), streamed by vLLM from where it is; the rest
+    is a local path.
     """
     location = serve.model_dir
     if location.startswith(HUB_PREFIX):
         return ModelSource("hub", location, location[len(HUB_PREFIX) :].strip("/"))
     if "://" in location and not location.startswith("file://"):
+        if serve.weights_from == "bucket":
+            return ModelSource("bucket", location, location.rstrip("/"))
         return ModelSource("remote", location, serve.local_dir.rstrip("/") or "/")
     path = location.removeprefix("file://")
     if _HUB_ID_RE.match(path) and not exists(path):
@@ -103,8 +109,9 @@ def _under(path: str, root: str) -> bool:
 
 def engine_args(serve: runconfig.ServingRunSection) -> list[str]:
     """The vLLM server flags after the model, the same for both launchers: the served name, the
-    parallelism (replicas x TP) and length, the batching, memory and numerics knobs, the bind
-    address, then serve.extra_args."""
+    parallelism (replicas x TP) and length, the batching, memory and numerics knobs, the load
+    format (the Run:ai streamer for weights_from bucket), the bind address, then
+    serve.extra_args."""
     args = [
         "--served-model-name",
         serve.served_model_name,
@@ -129,6 +136,8 @@ def engine_args(serve: runconfig.ServingRunSection) -> list[str]:
         args += ["--additional-config", json.dumps(settings.QWIX_FP8_RULES, separators=(",", ":"))]
     if serve.async_scheduling is not None:
         args.append("--async-scheduling" if serve.async_scheduling else "--no-async-scheduling")
+    if serve.weights_from == "bucket":
+        args += ["--load-format", settings.RUNAI_STREAMER]
     return [
         *args,
         "--disable_chunked_mm_input",
@@ -160,7 +169,8 @@ def serve_argv(
         docker: the docker executable.
 
     Returns:
-        The argv list; a local model outside /dev/shm is bind-mounted read-only at the same path.
+        The argv list; a local model outside /dev/shm is bind-mounted read-only at the same path
+        (a gs:// model streamed from the bucket is no path on the host: nothing to mount).
     """
     cache_dir = os.path.abspath(serve.compile_cache_dir)
     argv = [
@@ -179,7 +189,7 @@ def serve_argv(
         "-v",
         f"{cache_dir}:{CONTAINER_XLA_CACHE}",
     ]
-    if source.kind != "hub" and not _under(source.serve_path, SHM):
+    if source.kind in ("remote", "local") and not _under(source.serve_path, SHM):
         argv += ["-v", f"{source.serve_path}:{source.serve_path}:ro"]
     argv += ["-e", f"{XLA_CACHE_ENV}={CONTAINER_XLA_CACHE}"]
     for name, value in engine_env(serve).items():

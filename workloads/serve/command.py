@@ -4,7 +4,8 @@ Steps (each one restartable; systemd's gemma4-serve.service runs this in the for
 1. wait (bounded) for the merge's completion marker in serve.model_dir;
 2. stage a gs:// model to serve.local_dir (parallel, already-complete files skipped, checksums
    verified against merge_metadata.json); a local model is verified in place; a hub id is
-   neither (vLLM downloads it with the HF token);
+   neither (vLLM downloads it with the HF token); with serve.weights_from bucket a gs:// model
+   is neither staged nor verified on the host: vLLM streams it (--load-format runai_streamer);
 3. restore the XLA compile cache from serve.compile_cache_gcs;
 4. start vLLM with serve.launcher (argv: workloads/serve/argv.py, the same vLLM flags either
    way): `docker run` the pinned vLLM TPU image on the serving VM, or (`process`, the local
@@ -31,7 +32,7 @@ from collections.abc import Iterator
 from typing import TextIO
 
 from workloads.common import cli_options, errors, logs
-from workloads.contract import runconfig
+from workloads.contract import runconfig, settings
 from workloads.serve import argv as argv_lib
 from workloads.serve import compile_cache, merged_weights, readiness
 
@@ -281,7 +282,8 @@ def prepare_model(
     source: argv_lib.ModelSource,
     stop: StopFlag | threading.Event,
 ) -> bool:
-    """Waits for, stages and verifies the weights. False when stopped while waiting."""
+    """Waits for, stages and verifies the weights (a model streamed from its bucket: waits
+    only). False when stopped while waiting."""
     if source.from_hub:
         if argv_lib.HF_TOKEN_ENV not in os.environ:
             LOG.warning(f"{argv_lib.HF_TOKEN_ENV} is not set; a gated hub model will not download")
@@ -297,6 +299,9 @@ def prepare_model(
         sleep=stop.wait,
     ):
         return False
+    if source.kind == "bucket":
+        LOG.info(_streamed_note(location))
+        return True
     start = time.monotonic()
     if source.kind == "remote":
         report = merged_weights.stage_model(
@@ -314,6 +319,15 @@ def prepare_model(
             f"({time.monotonic() - start:.0f} s)"
         )
     return True
+
+
+def _streamed_note(location: str) -> str:
+    return (
+        f"weights stream from the bucket: vLLM reads {location} with --load-format "
+        f"{settings.RUNAI_STREAMER} (serve.weights_from bucket); nothing is staged and the "
+        f"checksums are not verified on this host (the merge verified them when it wrote "
+        f"{merged_weights.METADATA})"
+    )
 
 
 def _restore_cache(serve: runconfig.ServingRunSection) -> None:
@@ -448,6 +462,11 @@ def describe(serve: runconfig.ServingRunSection, *, docker: str = "docker") -> s
             f"(wait up to {serve.model_wait_timeout_s} s for "
             f"{' + '.join(merged_weights.MARKERS)}, "
             f"verify checksums from {merged_weights.METADATA})"
+        )
+    elif source.kind == "bucket":
+        lines.append(
+            f"stream: wait up to {serve.model_wait_timeout_s} s for "
+            f"{' + '.join(merged_weights.MARKERS)}, then {_streamed_note(source.location)}"
         )
     elif source.kind == "local":
         lines.append(f"verify: {source.serve_path} against {merged_weights.METADATA}")

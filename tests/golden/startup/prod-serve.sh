@@ -661,6 +661,7 @@ instance_zone() {
 readonly VLLM_IMAGE=vllm/vllm-tpu:v0.27.0
 readonly MERGED_URI=gs://your-gcp-project-gemma4-prod-asia-northeast1/merged/codev-r1
 readonly MERGED_DIR=/dev/shm/models/merged
+readonly WEIGHTS_FROM=staged
 readonly VLLM_CACHE_DIR=/dev/shm/vllm-xla-cache
 readonly VLLM_CACHE_URI=gs://your-gcp-project-gemma4-prod-asia-northeast1/compile-cache/vllm
 readonly VERILOG_EVAL_REPO=https://github.com/NVlabs/verilog-eval.git
@@ -732,6 +733,22 @@ stage_merged_model() {
   mv "$remote" "$MERGED_DIR/$index"
 }
 
+# serving.weightsFrom bucket: vLLM streams the merged model from $MERGED_URI (Run:ai streamer),
+# so nothing is copied into /dev/shm; the stage records the choice and that no host checksum runs.
+note_bucket_weights() {
+  log "weights stream from $MERGED_URI (serving.weightsFrom bucket): not staged, not checksum-verified on this host"
+  STAGE_NOTE="streamed from $MERGED_URI by vLLM (serving.weightsFrom bucket), not staged"
+}
+
+# The merged model's weights as serving.weightsFrom says: staged into /dev/shm, or left in gs://.
+merged_model_weights() {
+  if [ "$WEIGHTS_FROM" = bucket ]; then
+    stage weights note_bucket_weights
+  else
+    stage_merged_model
+  fi
+}
+
 main() {
   local worker zone
   begin
@@ -745,7 +762,7 @@ main() {
   ensure_verilog_eval
   ensure_shm
   restore_compile_cache
-  stage_merged_model
+  merged_model_weights
   finish
 }
 

@@ -7,6 +7,7 @@ into a temp dir), sources it without its `main` call and runs the staging functi
 
 from __future__ import annotations
 
+import json
 import pathlib
 import subprocess
 
@@ -181,3 +182,41 @@ def test_serving_staging_skips_the_same_merged_model_and_restages_a_new_one(tmp)
     assert len(_calls(tmp, "storage rsync")) == 2
     assert (merged_dir / "model-00001-of-00001.safetensors").read_text() == "merged v2"
     assert (merged_dir / index).read_text() == '{"v": 2}'
+
+
+def test_serving_weights_from_the_bucket_are_not_staged_and_the_stage_says_so(tmp):
+    cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("prod"))
+    context = startup.serve_context(cfg)
+    merged_dir = tmp / "shm" / "merged"
+    (tmp / "shm").mkdir()
+    stages = tmp / "stages.jsonl"
+    context |= {
+        "merged_uri": "gs://serve/merged/run",
+        "merged_dir": str(merged_dir),
+        "tmpdir": str(tmp / "shm"),
+        "stages_file": str(stages),
+        "weights_from": "bucket",
+    }
+    script = templating.render("startup/serve.sh.j2", **context)
+    bucket = tmp / "gcs" / "serve" / "merged" / "run"
+    bucket.mkdir(parents=True)
+    (bucket / "model.safetensors.index.json").write_text('{"v": 1}')
+
+    rc, output = _run(tmp, script, "merged_model_weights")
+    assert rc == 0, output
+    assert "weights stream from gs://serve/merged/run" in output
+    assert not merged_dir.exists() and not _calls(tmp, "storage")
+    records = [json.loads(line) for line in stages.read_text().splitlines()]
+    assert [(r["stage"], r["event"]) for r in records] == [
+        ("weights", "start"),
+        ("weights", "end"),
+    ]
+    assert records[-1]["note"] == (
+        "streamed from gs://serve/merged/run by vLLM (serving.weightsFrom bucket), not staged"
+    )
+
+    # The default stages, as before.
+    script = templating.render("startup/serve.sh.j2", **(context | {"weights_from": "staged"}))
+    rc, output = _run(tmp, script, "merged_model_weights")
+    assert rc == 0, output
+    assert (merged_dir / "model.safetensors.index.json").read_text() == '{"v": 1}'
