@@ -1,4 +1,6 @@
-"""`python -m workloads report` from fixture summaries: Markdown, JSON and PNG plots."""
+"""`python -m workloads report` from fixture summaries: Markdown, JSON and PNG plots; the main
+tests run with the summaries and the report local and in gs:// (on the GCS protocol server),
+where the VMs leave them."""
 
 import json
 
@@ -6,6 +8,7 @@ import pytest
 import yaml
 
 from workloads import cli
+from workloads.common import storage
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FIGURES = ("training.png", "serving.png", "tco.png", "quality.png")
@@ -79,32 +82,51 @@ def summaries(tmp_path):
     return {"train": train, "bench": bench, "eval": evaluation}
 
 
-def test_report_from_summaries(summaries, tmp_path):
-    out = tmp_path / "report"
+@pytest.fixture(params=["local", "gs"])
+def where(request, tmp_path) -> str:
+    """Where the summaries and the report live: the test's directory or a gs:// bucket."""
+    return str(tmp_path) if request.param == "local" else request.getfixturevalue("gcs_bucket")
+
+
+def _placed(summaries, root: str) -> dict[str, str]:
+    """The summaries' paths under root, `<dir>/<file>` as in the fixture (uploaded when root is
+    a bucket; the fixture's own files when it is the test's directory)."""
+    placed = {}
+    for key, path in summaries.items():
+        target = f"{root}/{path.parent.name}/{path.name}"
+        if target != str(path):
+            storage.upload_file(str(path), target)
+        placed[key] = target
+    return placed
+
+
+def test_report_from_summaries(summaries, where):
+    placed = _placed(summaries, where)
+    out = f"{where}/report"
     argv = [
         "report",
         "--train-summary",
-        str(summaries["train"]),
+        placed["train"],
         "--bench-summary",
-        str(summaries["bench"]),
+        placed["bench"],
         "--eval-summary",
-        str(summaries["eval"]),
+        placed["eval"],
         "--out",
-        str(out),
+        out,
         "--serve-accelerator",
         "v6e-8",
     ]
     assert cli.main(argv) == 0
     for name in FIGURES:
-        assert (out / name).read_bytes().startswith(PNG_MAGIC), name
-    report = json.loads((out / "report.json").read_text())
+        assert storage.read_bytes(f"{out}/{name}").startswith(PNG_MAGIC), name
+    report = json.loads(storage.read_text(f"{out}/report.json"))
     ours, paper_tpu, paper_gpu = report["platforms"]
     assert ours["train_machine"] == "v5p-8"  # recorded by training
     assert ours["train_cost"] == pytest.approx(16.80 * 3)
     assert ours["tco"]["24"] == pytest.approx(16.80 * 3 + 24 * 21.52)
     assert [round(p["train_cost"], 2) for p in (paper_tpu, paper_gpu)] == [56.11, 119.23]
 
-    md = (out / "report.md").read_text()
+    md = storage.read_text(f"{out}/report.md")
     assert "| cost | $50.40 | $56.11 | $119.23 |" in md
     assert "| real tokens/s | 850.0 | 763.0 | not reported |" in md
     # The paper padded 1,244 x 8 samples to 3,072 tokens in 3.34 h. No "6N MFU" row: it would
@@ -150,35 +172,36 @@ def test_missing_inputs_are_not_measured(tmp_path):
         assert (out / name).read_bytes().startswith(PNG_MAGIC)
 
 
-def test_report_finds_summaries_through_the_run_config(summaries, tmp_path):
+def test_report_finds_summaries_through_the_run_config(summaries, where, tmp_path):
+    _placed(summaries, where)
     config = {
         "run_name": "t",
         "model": {"base": "b"},
         "data": {"dataset": "d.jsonl"},
-        "train": {"output_dir": str(summaries["train"].parent)},
-        "bench": {"results_dir": str(summaries["bench"].parent)},
-        "eval": {"problems_dir": "p", "results_dir": str(tmp_path / "no-eval-yet")},
+        "train": {"output_dir": f"{where}/run"},
+        "bench": {"results_dir": f"{where}/bench"},
+        "eval": {"problems_dir": "p", "results_dir": f"{where}/no-eval-yet"},
     }
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(config))
     assert cli.main(["report", "--config", str(path)]) == 0
-    out = summaries["train"].parent / "report"
-    report = json.loads((out / "report.json").read_text())
+    out = f"{where}/run/report"
+    report = json.loads(storage.read_text(f"{out}/report.json"))
+    assert report["inputs"]["train"] == f"{where}/run/train_summary.json"
     assert report["inputs"]["eval"] is None
     assert report["platforms"][0]["serving"][0]["usd_per_m_output_tokens"] is None
-    md = (out / "report.md").read_text()
+    md = storage.read_text(f"{out}/report.md")
     assert "serving machine not given" in md
     assert "| pass@1 | not measured | 0.641 |" in md
 
 
-def test_unknown_accelerator_and_missing_file_are_user_errors(summaries, tmp_path, capsys):
-    assert cli.main(["report", "--out", str(tmp_path), "--serve-accelerator", "v9z-8"]) == 2
+def test_unknown_accelerator_and_missing_file_are_user_errors(where, capsys):
+    assert cli.main(["report", "--out", where, "--serve-accelerator", "v9z-8"]) == 2
     assert "unknown; known: v5p-8" in capsys.readouterr().err
-    assert (
-        cli.main(["report", "--out", str(tmp_path), "--eval-summary", str(tmp_path / "x.json")])
-        == 2
-    )
-    assert "file not found" in capsys.readouterr().err
+    assert cli.main(["report", "--out", where, "--eval-summary", f"{where}/x.json"]) == 2
+    err = capsys.readouterr().err
+    assert f"{where}/x.json" in err and "file not found" in err
+    assert len(err.strip().splitlines()) == 1, err
 
 
 def test_run_config_accelerators_are_the_defaults_and_flags_win(summaries, tmp_path):

@@ -165,16 +165,17 @@ def tp4_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def slice_config(base_config, tp4_model_dir):
-    """`slice_config(dir, fsdp)`: the reference run config on mesh fsdp x tp=4 (2 rows per
-    host per micro-batch), output under dir/run; returns the config file."""
+    """`slice_config(dir, fsdp, output_dir)`: the reference run config on mesh fsdp x tp=4 (2
+    rows per host per micro-batch), output under output_dir (default dir/run); returns the
+    config file, written to dir."""
 
-    def make(directory: pathlib.Path, fsdp: int = 2) -> pathlib.Path:
+    def make(directory: pathlib.Path, fsdp: int = 2, output_dir: str = "") -> pathlib.Path:
         from workloads.contract import runconfig
 
         data = copy.deepcopy(base_config)
         data["model"]["base"] = str(tp4_model_dir)
         data["train"].update(
-            output_dir=str(directory / "run"),
+            output_dir=output_dir or str(directory / "run"),
             micro_batch=2 * fsdp,
             mesh={"fsdp": fsdp, "tp": 4},
             log_every=1,
@@ -309,18 +310,14 @@ def test_the_merge_reads_what_two_hosts_saved(two_host_run, tp4_model_dir, tmp_p
     assert logits.max_abs_diff < 1e-4, logits.summary()
 
 
-@pytest.mark.slow
-def test_a_host_killed_mid_run_ends_the_slice_and_all_resume_to_the_same_weights(
-    two_host_run, slice_config, tmp_path
-):
-    """SIGKILL host 1 after the first checkpoint; its unit restarts it alone; host 0 must exit
-    within the bound; then every worker is restarted (a supervisor standing in for systemd's
-    Restart=on-failure) and the run resumes and ends on the uninterrupted run's weights."""
-    from workloads.merge import lora_restore
+def _kill_host_1_once_saved(argv: list[str], log_dir: pathlib.Path, saved) -> float:
+    """Starts a 2-host slice slowed down after checkpoint SAVE_EVERY, SIGKILLs host 1 once
+    `saved()` is true, restarts it alone (its unit), then restarts every worker that fails (a
+    supervisor standing in for systemd's Restart=on-failure) until all have exited 0.
 
-    config = slice_config(tmp_path)
-    checkpoints = tmp_path / "run" / "checkpoints"
-    argv = _worker_argv(config, tmp_path / "report")
+    Returns:
+        The seconds host 0 took to exit after the kill.
+    """
     slow = {"MH_DELAY_AFTER_STEP": str(SAVE_EVERY), "MH_DELAY_S": "2"}
     port = hosts.free_port()
 
@@ -330,7 +327,7 @@ def test_a_host_killed_mid_run_ends_the_slice_and_all_resume_to_the_same_weights
             argv,
             port=port,
             devices_per_host=4,
-            log_dir=str(tmp_path / "logs"),
+            log_dir=str(log_dir),
             index=index,
             heartbeat_s=HEARTBEAT_S,
             extra_env=env,
@@ -338,9 +335,7 @@ def test_a_host_killed_mid_run_ends_the_slice_and_all_resume_to_the_same_weights
 
     procs = start(env=slow)
     try:
-        _wait_for(
-            lambda: (checkpoints / str(SAVE_EVERY) / "_CHECKPOINT_METADATA").is_file(), 900, procs
-        )
+        _wait_for(saved, 900, procs)
         procs[1].send_signal(signal.SIGKILL)
         killed_at = time.time()
         procs[1].wait(30)
@@ -348,7 +343,6 @@ def test_a_host_killed_mid_run_ends_the_slice_and_all_resume_to_the_same_weights
         code = procs[0].wait(PEERS_GONE_WITHIN_S)
         gone_after = time.time() - killed_at
         assert code != 0
-        # systemd restarts each failed unit: here until both have exited 0 (bounded).
         deadline = time.time() + 900
         while time.time() < deadline:
             codes = {i: p.poll() for i, p in procs.items()}
@@ -358,19 +352,76 @@ def test_a_host_killed_mid_run_ends_the_slice_and_all_resume_to_the_same_weights
                 if c not in (None, 0):
                     procs.update(start(i))
             time.sleep(1)
-        assert all(p.poll() == 0 for p in procs.values()), _log(tmp_path / "logs", 0)[-3000:]
+        assert all(p.poll() == 0 for p in procs.values()), _log(log_dir, 0)[-3000:]
     finally:
         for proc in procs.values():
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(30)
+    return gone_after
+
+
+def _worst_weight_diff(checkpoints: str, reference: str) -> float:
+    from workloads.merge import lora_restore
+
+    ours = lora_restore.restore_lora_params(checkpoints, STEPS)
+    theirs = lora_restore.restore_lora_params(reference, STEPS)
+    assert ours.keys() == theirs.keys()
+    return max(float(np.max(np.abs(ours[k] - theirs[k]))) for k in ours)
+
+
+@pytest.mark.slow
+def test_a_host_killed_mid_run_ends_the_slice_and_all_resume_to_the_same_weights(
+    two_host_run, slice_config, tmp_path
+):
+    """SIGKILL host 1 after the first checkpoint; its unit restarts it alone; host 0 must exit
+    within the bound; then every worker is restarted and the run resumes and ends on the
+    uninterrupted run's weights."""
+    config = slice_config(tmp_path)
+    checkpoints = tmp_path / "run" / "checkpoints"
+    gone_after = _kill_host_1_once_saved(
+        _worker_argv(config, tmp_path / "report"),
+        tmp_path / "logs",
+        lambda: (checkpoints / str(SAVE_EVERY) / "_CHECKPOINT_METADATA").is_file(),
+    )
     assert gone_after < PEERS_GONE_WITHIN_S, gone_after
     summary = json.loads((tmp_path / "run" / "train_summary.json").read_text())
     assert summary["resumed_from_step"] == SAVE_EVERY
-    ours = lora_restore.restore_lora_params(str(checkpoints), STEPS)
-    reference = lora_restore.restore_lora_params(str(two_host_run[0] / "checkpoints"), STEPS)
-    worst = max(float(np.max(np.abs(ours[k] - reference[k]))) for k in ours)
+    worst = _worst_weight_diff(str(checkpoints), str(two_host_run[0] / "checkpoints"))
     # Same data order, dropout keys and optimizer state as the uninterrupted run.
+    assert worst <= 1e-6, worst
+
+
+@pytest.mark.slow
+def test_a_host_killed_mid_gs_run_and_all_resume_from_the_bucket_to_the_same_weights(
+    two_host_run, slice_config, gcs_bucket, tmp_path
+):
+    """The same on the TPU VMs' layout: the run directory (checkpoints, metrics, lock, data
+    cache) in a gs:// bucket of the GCS protocol server, written by both hosts' Orbax through
+    TensorStore's GCS driver. The restart resumes from the bucket's newest checkpoint and ends
+    on the uninterrupted local 2-host run's weights (same data, mesh and settings)."""
+    from workloads.common import storage
+    from workloads.train import checkpoints
+
+    run = f"{gcs_bucket}/run"
+    config = slice_config(tmp_path, output_dir=run)
+    gone_after = _kill_host_1_once_saved(
+        _worker_argv(config, tmp_path / "report"),
+        tmp_path / "logs",
+        # GCS has no rename: a step is complete once its commit marker is there.
+        lambda: storage.exists(f"{run}/checkpoints/{SAVE_EVERY}/commit_success.txt"),
+    )
+    assert gone_after < PEERS_GONE_WITHIN_S, gone_after
+    assert checkpoints.saved_steps(f"{run}/checkpoints") == [SAVE_EVERY, STEPS]
+    summary = json.loads(storage.read_text(f"{run}/train_summary.json"))
+    assert summary["resumed_from_step"] == SAVE_EVERY
+    assert summary["checkpoint_steps"] == [SAVE_EVERY, STEPS]
+    steps = [
+        json.loads(line)["step"] for line in storage.read_text(f"{run}/metrics.jsonl").splitlines()
+    ]
+    assert steps == list(range(1, STEPS + 1))
+    assert not storage.exists(f"{run}/train.lock")
+    worst = _worst_weight_diff(f"{run}/checkpoints", str(two_host_run[0] / "checkpoints"))
     assert worst <= 1e-6, worst
 
 
