@@ -23,12 +23,13 @@ import pathlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from infra.ops import cost, stack_client
+from infra.config import stack_config
+from infra.ops import cost
 from infra.resources.deployment_record import VmInfo
 from infra.tpu import api as tpu_api
 
 # This checkout's project directory, where scope_from_stack_file finds the stack files.
-PROJECT_DIR = stack_client.ROOT
+PROJECT_DIR = stack_config.ROOT
 
 SCOPE_OUTPUT = "tpuScope"
 """The stack output that says where this stack's TPUs can be: {project, zones, labels}."""
@@ -228,10 +229,10 @@ def scope_from_stack_file(stack: str, project_dir: pathlib.Path | None = None) -
     interrupted `up` left can still start a billed TPU). None when the file is missing, or too
     broken to name a project and zones.
     """
-    from infra.config import labels, stack_config
+    from infra.config import labels
     from infra.config import model as config_mod
 
-    path = (project_dir or PROJECT_DIR) / f"Pulumi.{stack}.yaml"
+    path = (project_dir or PROJECT_DIR) / stack_config.stack_file(stack)
     if not path.is_file():
         return None
     try:

@@ -25,9 +25,8 @@ from typing import Any
 
 from pulumi import automation as auto
 
+from infra.config.stack_config import ROOT
 from infra.errors import InfraError
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 class StackClientError(InfraError):

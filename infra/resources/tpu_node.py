@@ -24,11 +24,11 @@ import pulumi
 import pulumi.dynamic
 import pydantic
 
+from infra.config import stack_config
 from infra.remote import ssh
 from infra.resources import dynamic_values
 from infra.tpu import api as tpu_api
 from infra.tpu import placement as tpu_placement
-from infra.vm import source_archive
 from workloads.common import logs
 
 
@@ -148,7 +148,7 @@ QUEUE_DELETE_WAIT_S = tpu_placement.QUEUE_DELETE_WAIT_S
 def known_hosts_file() -> pathlib.Path:
     """The project-local known_hosts of this machine (the one the deployments and `infra.ops`
     pin the workers' host keys in; tests replace this function)."""
-    return source_archive.ROOT / ssh.DEFAULT_KNOWN_HOSTS
+    return stack_config.ROOT / ssh.DEFAULT_KNOWN_HOSTS
 
 
 def forget_host_keys(props: Mapping[str, Any]) -> None:

@@ -14,7 +14,7 @@ import pytest
 from tests.train import damage
 from tests.train.conftest import SAVE_EVERY, STEPS
 from workloads import cli
-from workloads.common import errors
+from workloads.common import disk_space, errors
 
 
 def poison_at(monkeypatch, optimizer_step: int, grad_accum: int = 2) -> None:
@@ -184,7 +184,6 @@ def test_a_real_full_disk_during_a_save(reference_run, base_config, tmp_path):
 
 
 def test_disk_full_is_recognised_through_orbax_and_tensorstore_wrappers():
-    from workloads.train import guards
 
     # What TensorStore raises inside an Orbax save on a full disk (abridged from a real one).
     tensorstore = ValueError(
@@ -197,10 +196,10 @@ def test_disk_full_is_recognised_through_orbax_and_tensorstore_wrappers():
         except ValueError as exc:
             raise RuntimeError("Save Finalize thread (save_finalize) failed.") from exc
     except RuntimeError as wrapped:
-        assert guards.is_disk_full(wrapped)
-    assert guards.is_disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"))
-    assert not guards.is_disk_full(OSError(errno.EACCES, "Permission denied"))
-    assert guards.free_space_text("gs://bucket/run") == "free space unknown"
+        assert disk_space.is_disk_full(wrapped)
+    assert disk_space.is_disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"))
+    assert not disk_space.is_disk_full(OSError(errno.EACCES, "Permission denied"))
+    assert disk_space.free_space_text("gs://bucket/run") == "free space unknown"
 
 
 def test_background_tracebacks_are_dropped_after_a_one_line_error_and_shown_otherwise(

@@ -38,13 +38,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from workloads.common import digest, errors, logs, processes, storage
+from workloads.common import digest, disk_space, errors, logs, processes, storage
 from workloads.contract import runconfig
 from workloads.merge import blas, mapping, parts, shard_worker
 from workloads.merge import safetensors_io as st
 from workloads.merge.parts import ShardPart, ShardPlan
 from workloads.merge.shard_worker import BLOCK_BYTES
-from workloads.train import guards
 
 SHARD_NAME = "model-{:05d}-of-{:05d}.safetensors"
 METADATA_FILE = "merge_metadata.json"
@@ -557,13 +556,13 @@ def _disk_full_error(
         # staging is this merge's own temporary directory: name where it was made.
         return errors.UserError(
             f"{staging.parent}: disk full while staging the merge "
-            f"({guards.free_space_text(str(staging))}); the staged files were removed; free "
+            f"({disk_space.free_space_text(str(staging))}); the staged files were removed; free "
             "space there or stage on a larger disk (staging_dir, default $TMPDIR)"
         )
     assert isinstance(sink, _LocalSink)  # a remote sink writes only into staging
     return errors.UserError(
         f"{sink.out}: disk full while writing the merged checkpoint "
-        f"({guards.free_space_text(str(sink.dir))}); the partial output was removed and "
+        f"({disk_space.free_space_text(str(sink.dir))}); the partial output was removed and "
         f"{sink.out} left as it was; free space or choose another output directory"
     )
 
@@ -688,7 +687,7 @@ def stream_merge(
             if runner is not None:
                 runner.kill()  # no worker may write into what abort removes
             # Measured before abort frees the partial output, which is what filled the disk.
-            full = _disk_full_error(exc, sink, staging) if guards.is_disk_full(exc) else None
+            full = _disk_full_error(exc, sink, staging) if disk_space.is_disk_full(exc) else None
             sink.abort()
             if full is not None:
                 raise full from None

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from workloads.common import errors, logs, stage_records, storage
+from workloads.common import disk_space, errors, logs, stage_records, storage
 from workloads.contract import catalog, runconfig
 from workloads.model import adapter_meta, base_weights, gemma4, parallel_load
 from workloads.train import (
@@ -365,7 +365,7 @@ def train(
         )
         return _summarise(prepared, loop, log)
     except Exception as exc:
-        if guards.is_disk_full(exc) and not isinstance(exc, errors.UserError):
+        if disk_space.is_disk_full(exc) and not isinstance(exc, errors.UserError):
             raise _disk_full(cfg.train) from None
         raise
     finally:
