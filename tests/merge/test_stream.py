@@ -15,6 +15,7 @@ import pytest
 import safetensors.numpy
 from safetensors import safe_open
 
+from tests.fixtures.tmpfs import mount_tmpfs
 from workloads.common import digest, errors, storage
 from workloads.merge import mapping, parts, shard_worker, stream
 from workloads.merge import safetensors_io as st
@@ -299,16 +300,6 @@ def test_a_write_error_in_the_writer_thread_reaches_the_caller(tmp_path, monkeyp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]
 
 
-def _mount_tmpfs(path: pathlib.Path, size: str) -> bool:
-    path.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-        capture_output=True,
-        check=False,
-    )
-    return proc.returncode == 0
-
-
 def test_a_real_full_disk_in_a_part_is_one_line(tmp_path, capsys):
     """The output on a 256 KiB tmpfs, the merge 1.6 MB, two workers writing parts (needs root to
     mount; skipped elsewhere): the write fails for real in a part's writer thread, the merge
@@ -318,7 +309,7 @@ def test_a_real_full_disk_in_a_part_is_one_line(tmp_path, capsys):
     tensors["model.language_model.layers.0.mlp.down_proj.weight"] = np.ones((400, 1024), BF16)
     write_base(tmp_path / "base", tensors)
     small = tmp_path / "small"
-    if not _mount_tmpfs(small, "256k"):
+    if not mount_tmpfs(small, "256k"):
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
         with pytest.raises(errors.UserError) as caught:
@@ -342,7 +333,7 @@ def test_a_full_staging_disk_of_a_remote_output_names_the_staging_directory(tmp_
     tensors["model.language_model.layers.0.mlp.down_proj.weight"] = np.ones((400, 1024), BF16)
     write_base(tmp_path / "base", tensors)
     small = tmp_path / "small"
-    if not _mount_tmpfs(small, "256k"):
+    if not mount_tmpfs(small, "256k"):
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
         with pytest.raises(errors.UserError) as caught:

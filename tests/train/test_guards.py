@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from tests.fixtures.tmpfs import mount_tmpfs
 from tests.train import damage
 from tests.train.conftest import SAVE_EVERY, STEPS
 from workloads import cli
@@ -129,16 +130,6 @@ def test_disk_full_during_a_save_is_one_line_and_keeps_the_earlier_checkpoint(
     assert checkpoints.saved_steps(str(run / "checkpoints")) == [SAVE_EVERY]
 
 
-def _mount_tmpfs(path, size: str) -> bool:
-    path.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-        capture_output=True,
-        check=False,
-    )
-    return proc.returncode == 0
-
-
 @pytest.mark.slow
 def test_a_real_full_disk_during_a_save(reference_run, base_config, tmp_path):
     """The run directory on a small tmpfs, filled up after the first checkpoint (needs root to
@@ -154,7 +145,7 @@ def test_a_real_full_disk_during_a_save(reference_run, base_config, tmp_path):
     from workloads.train import checkpoints
 
     mount = tmp_path / "small"
-    if not _mount_tmpfs(mount, "8m"):
+    if not mount_tmpfs(mount, "8m"):
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
         run = damage.copy_run(reference_run.checkpoint_dir, mount / "run", keep=[SAVE_EVERY])
