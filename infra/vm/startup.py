@@ -36,7 +36,6 @@ HF_HOME = "/dev/shm/huggingface"
 # Files `hf download` fetches at once: more than a Gemma 4 31B checkpoint's shards, so all of
 # them download in parallel (the client's default is 8).
 HF_MAX_WORKERS = 16
-LIBTPU_FIND_LINKS = "https://storage.googleapis.com/jax-releases/libtpu_releases.html"
 
 CONSTRAINTS_FILE = pathlib.Path(__file__).resolve().parents[2] / "constraints.txt"
 PYPROJECT_FILE = CONSTRAINTS_FILE.parent / "pyproject.toml"
@@ -133,11 +132,10 @@ def _pinned_all(packages: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def train_requirements() -> tuple[str, ...]:
+    # No --find-links to Google's libtpu release page: the pinned libtpu is on PyPI, and a page
+    # the installer must reach is one more way a boot fails (uv stops on an unreachable link).
     needs = no_deps()[1]
-    return (
-        f"--find-links {LIBTPU_FIND_LINKS}",
-        *_pinned_all((*TRAIN_PACKAGES, *needs, *core_packages(), *VENV_TOOLS)),
-    )
+    return _pinned_all((*TRAIN_PACKAGES, *needs, *core_packages(), *VENV_TOOLS))
 
 
 def train_no_deps() -> tuple[str, ...]:

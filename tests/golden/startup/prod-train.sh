@@ -17,15 +17,14 @@ readonly LOG_FILE=/var/log/gemma4-startup.log
 readonly STAGES_FILE=/var/lib/gemma4/stages.jsonl
 # This script, kept on the VM so the jobs after ready can run it as their own systemd unit.
 readonly SCRIPT_COPY=/var/lib/gemma4/startup.sh
-readonly REQUIREMENTS_DIGEST=ffe6d49677aa5b8a
+readonly REQUIREMENTS_DIGEST=cc7c566327ddb377
 # gs://.../venv-<digest>.tar.gz: this venv packed by the first VM, restored by the others ('':
 # none). Its .sha256 next to it is written last and checked before anything is unpacked.
-readonly VENV_ARCHIVE_URI=gs://your-gcp-project-gemma4-prod-us-central1/venv/train-ffe6d49677aa5b8a.tar.gz
+readonly VENV_ARCHIVE_URI=gs://your-gcp-project-gemma4-prod-us-central1/venv/train-cc7c566327ddb377.tar.gz
 # uv (pinned by the lock) installs the venvs; it lives in a small venv of its own.
 readonly UV_REQUIREMENT=uv==0.13.8
 readonly UV_VENV="$VENV_DIR-uv"
 readonly -a REQUIREMENTS=(
-  '--find-links https://storage.googleapis.com/jax-releases/libtpu_releases.html'
   'jax[tpu]==0.10.2'
   libtpu==0.0.42.1
   flax==0.12.8

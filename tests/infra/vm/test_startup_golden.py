@@ -93,10 +93,7 @@ def test_what_every_script_does(name):
     assert "set -x" not in script  # would print the token
     if "train" in name:
         assert "'jax[tpu]==0.10.2'" in script
-        assert (
-            "'--find-links https://storage.googleapis.com/jax-releases/libtpu_releases.html'"
-            in script
-        )
+        assert "libtpu==0.0.42.1" in script and "--find-links" not in script
         assert "google-tunix==0.1.7" in script and "qwix==0.1.8" in script
         assert "gcloud secrets versions access latest" in script
         assert "JAX_COMPILATION_CACHE_DIR=gs://" in script
