@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -141,9 +142,67 @@ def test_remote_lock_from_before_this_boot_is_taken_over(memory_run):
         pass
 
 
-def test_remote_lock_of_another_host_or_a_live_process_is_never_taken(memory_run):
-    me = runlock._me()
-    for holder in ({**me, "host": "some-other-host", "pid": dead_pid()}, me):
-        write_remote_lock(memory_run, holder)
-        with pytest.raises(errors.UserError):
+def test_remote_lock_of_a_live_process_on_this_host_is_never_taken(memory_run):
+    write_remote_lock(memory_run, runlock._me())
+    started = time.monotonic()
+    with pytest.raises(errors.UserError, match="another trainer holds"):
+        runlock.RunLock(memory_run, print).acquire()
+    assert time.monotonic() - started < 5  # judged at once, no lease to wait out
+
+
+def test_another_hosts_lock_that_is_renewed_is_never_taken(memory_run, monkeypatch):
+    monkeypatch.setattr(runlock, "LEASE_S", 3.0)
+    holder = {**runlock._me(), "host": "some-other-host", "pid": dead_pid()}
+    write_remote_lock(memory_run, holder)
+    stop = threading.Event()
+
+    def renew() -> None:  # the holder's lease thread, on its own host
+        while not stop.is_set():
+            write_remote_lock_alive(memory_run, holder["token"])
+            stop.wait(0.3)
+
+    thread = threading.Thread(target=renew, daemon=True)
+    thread.start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(errors.UserError, match=r"pid .* on host some-other-host"):
             runlock.RunLock(memory_run, print).acquire()
+        assert time.monotonic() - started < 3.0  # seen alive before the lease would lapse
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_another_hosts_lock_without_renewals_is_taken_over_after_the_lease(memory_run, monkeypatch):
+    # A preempted VM's trainer: its replacement is a new host, and the old one never renews.
+    monkeypatch.setattr(runlock, "LEASE_S", 1.5)
+    write_remote_lock(memory_run, {**runlock._me(), "host": "preempted-vm", "pid": dead_pid()})
+    notes: list[str] = []
+    started = time.monotonic()
+    with runlock.RunLock(memory_run, notes.append):
+        waited = time.monotonic() - started
+        assert notes[-1].startswith(f"note: taking over {memory_run}/train.lock from pid ")
+    assert 1.0 <= waited < 10
+    assert "watching it for up to" in notes[0]
+
+
+def test_a_held_remote_lock_renews_its_lease(memory_run, monkeypatch):
+    from workloads.common import storage
+
+    monkeypatch.setattr(runlock, "LEASE_S", 0.4)
+    alive = f"{memory_run}/{runlock.ALIVE_FILE}"
+    with runlock.RunLock(memory_run, print):
+        time.sleep(0.05)
+        fs, path = storage.filesystem(alive)
+        first = runlock._written_at(fs.info(path))
+        time.sleep(0.4)
+        assert runlock._written_at(fs.info(path)) > first
+    assert not storage.exists(alive)  # released: no lease left behind
+
+
+def write_remote_lock_alive(path: str, token: str) -> None:
+    from workloads.common import storage
+
+    storage.write_bytes_atomic(
+        f"{path}/{runlock.ALIVE_FILE}", json.dumps({"token": token}).encode()
+    )

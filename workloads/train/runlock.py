@@ -12,8 +12,14 @@ holder.
   lock left by a process that died is taken over when it was written on this host and that
   process is gone (another boot of the host, or no live process with that pid and start time):
   the case of a preempted VM that boots again. It is deleted only if it is still the generation
-  that was judged stale, so two processes taking it over at once cannot both win. A lock held
-  from another host cannot be judged from here: the message says how to remove it.
+  that was judged stale, so two processes taking it over at once cannot both win.
+- A lock held from another host is judged by its lease: its holder rewrites `train.lock.alive`
+  every LEASE_S / 4 seconds while it runs. One with no sign of life (that object's, else the
+  lock's, last write) for LEASE_S is taken over: a preempted VM's trainer, whose replacement is
+  a new host (a recreated TPU VM has another host name), stops renewing it. One renewed while
+  the newcomer watches (at most LEASE_S) is alive: the newcomer stops with one line naming it.
+  Ages are this host's clock against the bucket's write times (NTP-synced on GCE; the lease is
+  minutes, skew is milliseconds).
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import datetime
 import json
 import os
 import socket
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +39,9 @@ from workloads.common import errors, storage
 from workloads.contract import runconfig
 
 LOCK_FILE = "train.lock"
+ALIVE_FILE = "train.lock.alive"
+# How long a remote lock may go without a sign of life before another host takes it over.
+LEASE_S = float(os.environ.get("GEMMA4_LOCK_LEASE_S", "120"))
 
 
 def _boot_id() -> str:
@@ -93,8 +104,10 @@ class RunLock:
         self.output_dir = output_dir
         self.path = runconfig.join(output_dir, LOCK_FILE)
         self.log = log
+        self.alive_path = runconfig.join(output_dir, ALIVE_FILE)
         self._fd: int | None = None
         self._mine: bytes | None = None
+        self._renewing: threading.Event | None = None
 
     def __enter__(self) -> RunLock:
         self.acquire()
@@ -156,6 +169,7 @@ class RunLock:
                 pass
             else:
                 self._mine = data
+                self._start_renewing(data)
                 return
             try:
                 info = fs.info(path)
@@ -167,8 +181,12 @@ class RunLock:
                 # Our own create: it went through but its answer was lost (a dropped
                 # connection, a 503 from a front end), and gcsfs's retry then met our object.
                 self._mine = data
+                self._start_renewing(data)
                 return
-            if not is_stale(holder):
+            verdict = "stale" if is_stale(holder) else self._watch_lease(fs, path, info, holder)
+            if verdict == "changed":
+                continue  # released or taken while we watched: try again
+            if verdict == "alive":
                 raise self._busy(
                     holder,
                     "stop it first; if that host no longer runs it, delete the lock "
@@ -179,8 +197,77 @@ class RunLock:
                 _delete_if_unchanged(fs, path, info)
         raise self._busy(None, "it changed hands while this trainer tried to take it")
 
+    def _watch_lease(
+        self, fs: Any, path: str, info: dict[str, Any], holder: dict[str, Any] | None
+    ) -> str:
+        """Watches another host's lock for up to LEASE_S: "stale" once it has gone that long
+        without a sign of life (take it over), "alive" as soon as it is renewed, "changed"
+        when it was released or replaced meanwhile. A lock of this host is "alive" here (its
+        holder runs: is_stale judged it)."""
+        if holder is not None and holder.get("host") == socket.gethostname():
+            return "alive"
+        token = (holder or {}).get("token")
+        alive_path = storage.filesystem(self.alive_path)[1]
+
+        def last_sign() -> float:
+            with contextlib.suppress(FileNotFoundError):
+                fs.invalidate_cache(alive_path)
+                if token and _parse(bytes(fs.cat_file(alive_path))) == {"token": token}:
+                    return _written_at(fs.info(alive_path))
+            return _written_at(info)
+
+        seen = last_sign()
+        waited = False
+        while True:
+            age = time.time() - seen
+            if age >= LEASE_S:
+                return "stale"
+            if not waited:
+                self.log(
+                    f"note: {self.path} is held by {describe(holder)}, last renewed {age:.0f} s "
+                    f"ago; watching it for up to {LEASE_S - age:.0f} s more (a trainer that "
+                    "no longer runs stops renewing it)"
+                )
+                waited = True
+            time.sleep(min(5.0, max(0.2, LEASE_S / 8), LEASE_S - age))
+            try:
+                fs.invalidate_cache(path)
+                if fs.info(path).get("generation", 0) != info.get("generation", 0):
+                    return "changed"
+            except FileNotFoundError:
+                return "changed"
+            newest = last_sign()
+            if newest > seen:
+                return "alive"  # renewed while we watched
+            seen = newest
+
+    def _start_renewing(self, data: bytes) -> None:
+        """Rewrites ALIVE_FILE every LEASE_S / 4 while the lock is held (a daemon thread)."""
+        token = (_parse(data) or {}).get("token")
+        stop = threading.Event()
+        self._renewing = stop
+        fs, alive_path = storage.filesystem(self.alive_path)
+        beat = json.dumps({"token": token}).encode()
+
+        def renew() -> None:
+            while not stop.is_set():
+                try:
+                    fs.pipe_file(alive_path, beat)
+                except Exception as exc:
+                    self.log(f"note: could not renew {self.path}'s lease: {exc}")
+                stop.wait(LEASE_S / 4)
+
+        threading.Thread(target=renew, name="runlock-lease", daemon=True).start()
+
     def release(self) -> None:
         """Gives the lock back (a remote lock only while it is still this trainer's)."""
+        if self._renewing is not None:
+            self._renewing.set()
+            self._renewing = None
+            with contextlib.suppress(Exception):
+                storage.filesystem(self.alive_path)[0].rm_file(
+                    storage.filesystem(self.alive_path)[1]
+                )
         if self._fd is not None:
             # Removed while still locked, then unlocked: a trainer that opened the old file
             # meanwhile sees it is no longer the lock file's (acquire compares inodes).
@@ -205,6 +292,16 @@ def _parse(raw: bytes) -> dict[str, Any] | None:
     except (UnicodeDecodeError, json.JSONDecodeError):
         return None
     return holder if isinstance(holder, dict) else None
+
+
+def _written_at(info: dict[str, Any]) -> float:
+    """An object's last write as epoch seconds: GCS's `updated`, else fsspec's mtime/created."""
+    updated = info.get("updated") or info.get("mtime") or info.get("created")
+    if isinstance(updated, str):
+        return datetime.datetime.fromisoformat(updated.replace("Z", "+00:00")).timestamp()
+    if isinstance(updated, datetime.datetime):
+        return updated.timestamp()
+    return float(updated) if updated is not None else 0.0
 
 
 def _delete_if_unchanged(fs: Any, path: str, info: dict[str, Any]) -> None:
