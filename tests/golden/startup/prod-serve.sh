@@ -442,9 +442,16 @@ apt_install() {
   retry 3 apt_get install -y -q --no-install-recommends "${missing[@]}"
 }
 
-# The image ships Python 3.10; Tunix needs 3.11 (deadsnakes).
+# The TPU images ship Ubuntu's Python 3.10; Tunix needs 3.11 (deadsnakes). An image whose own
+# python3 is 3.11 (Debian 12) has it in its archive without the venv module (no ensurepip):
+# that package is all it needs; the PPA is Ubuntu's and add-apt-repository fails elsewhere.
 ensure_python() {
   if command -v "$PYTHON" >/dev/null 2>&1 && "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
+    return 0
+  fi
+  if command -v "$PYTHON" >/dev/null 2>&1 &&
+    [ "$(readlink -f "$(command -v python3)")" = "$(readlink -f "$(command -v "$PYTHON")")" ]; then
+    apt_install "$PYTHON-venv" "$PYTHON-dev"
     return 0
   fi
   apt_install software-properties-common
