@@ -75,3 +75,36 @@ def test_the_serving_venv_is_locked_without_the_packages_that_break_on_cpu_torch
     assert pins["torch"] == "2.13.0"
     assert not {"torchvision", "torchaudio", "torchcodec"} & set(pins)
     assert pins["transformers"] == "5.14.1"  # what tpu-inference pins for this release
+
+
+def test_the_tiny_catalog_model_is_what_tiny_model_writes(tmp_path) -> None:
+    """The rehearsal's stack names `gemma-4-tiny`: validation and sizing use the catalog's
+    shape facts, the trainer the written config, so the two must agree."""
+    import json
+
+    from workloads.model import tiny_model
+
+    spec = catalog.MODELS["gemma-4-tiny"]
+    out = tiny_model.write_tiny_model(
+        tmp_path, global_kv_heads=spec.num_global_kv_heads, dtype="bfloat16"
+    )
+    cfg = json.loads((out / "config.json").read_text())
+    text = cfg.get("text_config", cfg)
+    assert (spec.layers, spec.embed_dim, spec.mlp_dim, spec.vocab_size) == (
+        text["num_hidden_layers"],
+        text["hidden_size"],
+        text["intermediate_size"],
+        text["vocab_size"],
+    )
+    assert (spec.num_heads, spec.num_kv_heads, spec.num_global_kv_heads) == (
+        text["num_attention_heads"],
+        text["num_key_value_heads"],
+        text["num_global_key_value_heads"],
+    )
+    assert (spec.head_dim, spec.global_head_dim, spec.sliding_window) == (
+        text["head_dim"],
+        text["global_head_dim"],
+        text["sliding_window"],
+    )
+    weights = sum(f.stat().st_size for f in out.glob("*.safetensors"))
+    assert spec.weight_bytes == weights

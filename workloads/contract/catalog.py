@@ -292,6 +292,26 @@ MODELS: dict[str, ModelSpec] = {
         global_every=6,
         weight_bytes=int(62.5 * GB),
     ),
+    # Gemma 4's structure at toy sizes (workloads/model/tiny_model.py writes it, with the 4 global
+    # KV heads a tp=4 mesh needs): for rehearsals and smoke runs of the whole path, where the
+    # weights are put in the bucket beforehand (it is on no hub; model.downloadFromHub false).
+    "gemma-4-tiny": ModelSpec(
+        name="gemma-4-tiny",
+        hf_id="gemma4-tpu/gemma-4-tiny-random",
+        layers=6,
+        embed_dim=96,
+        mlp_dim=192,
+        vocab_size=1024,
+        num_heads=8,
+        num_kv_heads=4,
+        num_global_kv_heads=4,
+        head_dim=32,
+        global_head_dim=64,
+        sliding_window=16,
+        global_every=6,
+        weight_bytes=1_859_068,
+        max_context=4096,
+    ),
 }
 
 
