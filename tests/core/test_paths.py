@@ -50,6 +50,7 @@ PATH_OPTIONS = [
 
 # String options that are not paths (names, URLs, patterns, sizes, machine types).
 NOT_PATHS = {
+    ("demo", "bucket"),  # a gs:// bucket only (checked by the demo)
     ("eval", "endpoint"),
     ("eval", "model"),
     ("eval", "only"),

@@ -13,6 +13,7 @@ import re
 import pytest
 
 from workloads import cli
+from workloads.common import gcs_server
 
 
 @pytest.mark.slow
@@ -44,6 +45,48 @@ def test_demo_with_the_default_workdir_prints_the_summary_and_the_merge_figure(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: {workdir} already holds a demo")
     assert (workdir / "merged" / "model.safetensors.index.json").is_file()
+
+
+@pytest.mark.slow
+def test_the_two_host_demo_checkpoints_to_a_bucket_and_merges_from_it(
+    tmp_path, monkeypatch, capsys
+):
+    """--hosts 2: two trainer processes share their checkpoints through gs:// on the GCS
+    protocol server the demo starts itself (as a slice's workers share a bucket); both hosts'
+    shards land in the server's bucket and the merge reads them back from there."""
+    monkeypatch.chdir(tmp_path)
+    workdir = tmp_path / "runs" / "demo"
+    before = {name: os.environ.get(name) for name in gcs_server.ENV_VARS}
+    code = cli.main(["demo", "--hosts", "2", "--no-serve", "--steps", "4", "--rows", "48"])
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    assert "hosts: 2 hosts (mesh fsdp=2 x tp=4" in out
+    assert "checkpoints: gs://demo/run/checkpoints/" in out
+    assert "run directory: gs://demo/run on the demo's GCS protocol server" in out
+    assert "output_dir: gs://demo/run\n" in (workdir / "run.yaml").read_text()
+    figure = re.search(r"logits merged vs LoRA model: max \|diff\| ([0-9.e+-]+)", out)
+    assert figure and float(figure.group(1)) < 1e-4, out[-2000:]
+    # The objects are the server's (filesystem backend: <root>/<bucket>/<object name>), each
+    # host's shards included, and nothing of the run is left in the workdir.
+    step = workdir / "gcs" / "objects" / "demo" / "run" / "checkpoints" / "4"
+    assert (step / "commit_success.txt").is_file()
+    for part in ("model_params", "optimizer_state"):
+        assert {p.name for p in (step / part).glob("ocdbt.process_*")} == {
+            "ocdbt.process_0",
+            "ocdbt.process_1",
+        }
+    assert not (workdir / "run").exists()
+    # The server is gone and this process's variables are as they were.
+    assert {name: os.environ.get(name) for name in gcs_server.ENV_VARS} == before
+
+
+def test_a_bucket_that_is_not_gs_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["demo", "--no-serve", "--bucket", "s3://mine/run"]) == 2
+    assert capsys.readouterr().err == (
+        "error: --bucket 's3://mine/run': expected a bucket as gs://NAME (no path)\n"
+    )
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_second_demo_is_refused_in_one_line_naming_the_absolute_workdir(

@@ -148,6 +148,88 @@ def _wait_for(condition, timeout_s: float, procs: dict) -> None:
         time.sleep(0.2)
 
 
+# --- a run directory every host must share -----------------------------------------------
+
+# Joining, one check and the exit: a host that does not see host 0's token looks again for
+# hosts.SHARED_LOOK_S; JAX's start and the shutdown barrier take the rest.
+UNSHARED_STOPS_WITHIN_S = 120
+
+_CHECK = """
+import sys
+from workloads.train import hosts
+hosts.join(hosts.from_env())
+hosts.check_shared_directory(sys.argv[1])
+print("shared", flush=True)
+"""
+
+
+def _start_each(argvs: list[list[str]], log_dir: pathlib.Path, devices: int = 2) -> dict:
+    """Worker i of a 2-host slice runs argvs[i] (each its own command line, as each VM has its
+    own disk and its own config)."""
+    port = hosts.free_port()
+    procs: dict = {}
+    for i, argv in enumerate(argvs):
+        procs.update(
+            hosts.launch_local(
+                len(argvs),
+                argv,
+                port=port,
+                devices_per_host=devices,
+                log_dir=str(log_dir),
+                index=i,
+                heartbeat_s=HEARTBEAT_S,
+            )
+        )
+    return procs
+
+
+def _wait_all(procs: dict, timeout_s: float) -> list[int | None]:
+    deadline = time.time() + timeout_s
+    try:
+        while any(p.poll() is None for p in procs.values()) and time.time() < deadline:
+            time.sleep(0.2)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+    return [procs[i].returncode if time.time() < deadline else None for i in sorted(procs)]
+
+
+def test_hosts_sharing_the_run_directory_pass_the_check_and_leave_no_token(tmp_path):
+    shared = tmp_path / "run"
+    argv = [sys.executable, "-c", _CHECK, str(shared)]
+    codes = _wait_all(_start_each([argv, argv], tmp_path / "logs"), UNSHARED_STOPS_WITHIN_S)
+    assert codes == [0, 0], [_log(tmp_path / "logs", i)[-2000:] for i in (0, 1)]
+    assert all("shared" in _log(tmp_path / "logs", i) for i in (0, 1))
+    assert list(shared.iterdir()) == []  # the token is removed once every host has looked
+
+
+def test_a_fresh_run_whose_hosts_have_their_own_local_run_directory_stops_at_once(
+    slice_config, tmp_path
+):
+    """Each worker given its own local output_dir (a VM's own disk): before anything is
+    trained, every host exits 2 with one line naming its directory and what is allowed. Before
+    the check they trained on, each saving its part of every checkpoint where the other could
+    not read it."""
+    logs = tmp_path / "logs"
+    configs = [slice_config(tmp_path / f"vm{i}") for i in (0, 1)]
+    argvs = [[sys.executable, "-m", "workloads", "train", "--config", str(c)] for c in configs]
+    started = time.time()
+    codes = _wait_all(_start_each(argvs, logs, devices=4), UNSHARED_STOPS_WITHIN_S)
+    took = time.time() - started
+    assert codes == [2, 2], ([_log(logs, i)[-2000:] for i in (0, 1)], took)
+    for i in (0, 1):
+        errors_said = [line for line in _log(logs, i).splitlines() if line.startswith("error:")]
+        assert errors_said == [
+            f"error: train.output_dir={tmp_path / f'vm{i}' / 'run'}: host(s) 1 of 2 do not see "
+            "the files host 0 writes there; a multi-host run needs a directory every host "
+            "shares (a gs:// bucket or a shared filesystem)"
+        ], _log(logs, i)[-2000:]
+        assert not (tmp_path / f"vm{i}" / "run" / "checkpoints").exists()
+    assert took < UNSHARED_STOPS_WITHIN_S
+
+
 # --- the trainer on 2 and 4 hosts (slow) --------------------------------------------------
 
 

@@ -9,9 +9,14 @@ evaluate, benchmark and report (workloads.cli.demo_serving), and print a summary
 after the merge. --hosts 2 (or 4) trains as a multi-host slice rehearsed on this machine: that
 many trainer processes of 4 CPU devices each, joined by JAX's distributed runtime on the v5p-16
 (v5p-32) mesh shape fsdp=hosts x tp=4, preempted halfway by a SIGTERM to the last host (every host
-stops at the step JAX agrees on and saves) and started again. Everything lands under --workdir
-(default runs/demo); the run config it used is written there too, so `python -m workloads
-train|serve|eval|bench|report --config runs/demo/run.yaml` runs each step again.
+stops at the step JAX agrees on and saves) and started again. A slice's hosts must share their
+checkpoints, as a bucket is shared on the VMs: with --hosts 2 or 4 the run directory
+(checkpoints, metrics, lock) goes to gs://demo/run on a GCS protocol server the demo starts on
+127.0.0.1 (fsouza's fake-gcs-server, from the dev extra; its objects under WORKDIR/gcs), or under
+a real bucket given by --bucket; the merge reads the checkpoints back from there. Everything else
+lands under --workdir (default runs/demo); the run config it used is written there too, so
+`python -m workloads train|serve|eval|bench|report --config runs/demo/run.yaml` runs each step
+again (a run directory on the demo's own server only while a server serves WORKDIR/gcs).
 """
 
 from __future__ import annotations
@@ -24,10 +29,13 @@ import os
 import pathlib
 import shutil
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workloads.common import errors, storage
 from workloads.contract import runconfig
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 # What the demo owns inside its workdir (--overwrite removes exactly these, nothing else).
 _OWNED = (
@@ -42,10 +50,14 @@ _OWNED = (
     "run.yaml",
     "loss.png",
     "hosts",
+    "gcs",
 )
 # CPU devices per rehearsed host and the tensor-parallel width of a v5p slice's 4-chip workers.
 DEVICES_PER_HOST = 4
 HOST_TP = 4
+# The bucket on the demo's own GCS protocol server and the run directory's prefix in a bucket.
+LOCAL_BUCKET = "demo"
+RUN_PREFIX = "run"
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +82,17 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         choices=(1, 2, 4),
         help="train as a multi-host slice rehearsed here: this many trainer processes of "
         f"{DEVICES_PER_HOST} CPU devices each on JAX's distributed runtime, mesh fsdp=HOSTS x "
-        f"tp={HOST_TP} (2: the v5p-16 shape, 4: v5p-32); their logs go to WORKDIR/hosts/",
+        f"tp={HOST_TP} (2: the v5p-16 shape, 4: v5p-32); their logs go to WORKDIR/hosts/, "
+        f"their checkpoints to gs://{LOCAL_BUCKET}/{RUN_PREFIX} on a GCS protocol server the demo "
+        "starts on 127.0.0.1 (objects in WORKDIR/gcs/), or to --bucket",
+    )
+    parser.add_argument(
+        "--bucket",
+        default="",
+        metavar="gs://NAME",
+        help="keep the run directory (checkpoints, metrics, lock) in this real bucket, under "
+        f"gs://NAME/gemma4-demo/{RUN_PREFIX}, instead of the demo's local server (--hosts > 1) "
+        "or WORKDIR/run; needs credentials that may write it",
     )
     parser.add_argument(
         "--overwrite",
@@ -85,6 +107,7 @@ def demo_config(
     devices: int = 1,
     serving: dict[str, Any] | None = None,
     tp: int = 1,
+    output_dir: str = "",
 ) -> runconfig.RunConfig:
     """The demo's run config: the recipe's structure at toy scale (packing on, AdamW with warm-up
     and cosine decay, gradient accumulation, remat, checkpoints every quarter of the run).
@@ -95,6 +118,7 @@ def demo_config(
         serving: the serve, bench and eval sections (demo_serving.serving_sections); None = no
             serving (--no-serve).
         tp: the tensor-parallel axis; the data-parallel one takes the rest of the devices.
+        output_dir: the run directory (a gs:// URL for a slice); default workdir/run.
     """
     fsdp = devices // tp
     micro_batch = fsdp * max(1, 2 // fsdp)
@@ -111,7 +135,7 @@ def demo_config(
             },
             "lora": {"rank": 8, "alpha": 16.0, "dropout": 0.05},
             "train": {
-                "output_dir": str(workdir / "run"),
+                "output_dir": output_dir or str(workdir / "run"),
                 "micro_batch": micro_batch,
                 "grad_accum": 2,
                 "max_steps": steps,
@@ -265,7 +289,7 @@ def _train_on_hosts(
 
     argv = [sys.executable, "-m", "workloads", "train", "--config", str(config_path)]
     log_dir = str(workdir / "hosts")
-    metrics_path = pathlib.Path(cfg.train.output_dir) / metrics_lib.METRICS_FILE
+    metrics_path = runconfig.join(cfg.train.output_dir, metrics_lib.METRICS_FILE)
 
     def run(stop_after: int | None) -> list[int]:
         procs = hosts_lib.launch_local(
@@ -303,19 +327,87 @@ def _train_on_hosts(
     resumed = summary.get("resumed_from_step")
     if resumed != stopped:
         raise RuntimeError(f"expected to resume from step {stopped}, resumed from {resumed}")
-    records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
+    records = [json.loads(line) for line in storage.read_text(metrics_path).splitlines() if line]
     return _Trained(stopped, stopped, summary, records)
 
 
-def _logged_step(metrics_path: pathlib.Path) -> int:
-    """The newest step in metrics.jsonl (0 before the first)."""
-    if not metrics_path.exists():
+def _logged_step(metrics_path: str) -> int:
+    """The newest step in metrics.jsonl, a local file or an object (0 before the first)."""
+    if not storage.exists(metrics_path):
         return 0
     steps = [0]
-    for line in metrics_path.read_text().splitlines():
+    for line in storage.read_text(metrics_path).splitlines():
         with contextlib.suppress(ValueError):
             steps.append(int(json.loads(line).get("step", 0)))
     return max(steps)
+
+
+@dataclasses.dataclass(frozen=True)
+class _RunStorage:
+    """Where the run directory is: its path or URL, and the summary's words for it ('' for the
+    local workdir/run)."""
+
+    run_dir: str
+    description: str = ""
+
+
+def _check_bucket(bucket: str) -> str:
+    """--bucket as gs://NAME without a trailing slash ('' when not given).
+
+    Raises:
+        errors.UserError: not a gs:// bucket name.
+    """
+    if not bucket:
+        return ""
+    name = bucket.removeprefix("gs://").rstrip("/")
+    if not bucket.startswith("gs://") or not name or "/" in name:
+        raise errors.UserError(f"--bucket {bucket!r}: expected a bucket as gs://NAME (no path)")
+    return f"gs://{name}"
+
+
+def _run_storage(
+    hosts: int,
+    bucket: str,
+    overwrite: bool,
+    workdir: pathlib.Path,
+    stack: contextlib.ExitStack,
+    say: Callable[[str], None],
+) -> _RunStorage:
+    """The run directory: under a real bucket when given; for a slice (hosts > 1) in the bucket
+    of a GCS protocol server started here for the demo's duration (entered on `stack`), since
+    every host must see every checkpoint; otherwise workdir/run.
+
+    Raises:
+        errors.UserError: the bucket already holds a demo run (without --overwrite); the server's
+            package is missing or the server did not start.
+    """
+    if bucket:
+        run_dir = f"{bucket}/gemma4-demo/{RUN_PREFIX}"
+        if storage.exists(run_dir):
+            if not overwrite:
+                raise errors.UserError(
+                    f"{run_dir} already holds a demo run; pass --overwrite to replace it"
+                )
+            storage.remove_tree(run_dir)
+        return _RunStorage(run_dir, f"{run_dir} (--bucket)")
+    if hosts == 1:
+        return _RunStorage(str(workdir / "run"))
+    from workloads.common import gcs_server
+
+    try:
+        server = stack.enter_context(gcs_server.serving(workdir / "gcs" / "objects", LOCAL_BUCKET))
+    except (RuntimeError, OSError) as exc:
+        raise errors.UserError(
+            f"the local GCS protocol server did not start ({errors.exception_line(exc)}); "
+            "pass --bucket gs://NAME to use a real bucket"
+        ) from None
+    run_dir = f"gs://{LOCAL_BUCKET}/{RUN_PREFIX}"
+    say(f"checkpoints go to {run_dir} on a GCS protocol server at {server.url}")
+    return _RunStorage(
+        run_dir,
+        f"{run_dir} on the demo's GCS protocol server (fake-gcs-server at {server.url}, "
+        f"objects in {workdir / 'gcs'})",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -325,16 +417,34 @@ def main(args: argparse.Namespace) -> int:
     workdir = pathlib.Path(args.workdir)
     from workloads.cli import demo_serving
 
-    # Before anything is written or trained: no earlier demo in the way, and the serving venv is
-    # there unless the user opted out.
+    # Before anything is written or trained: a usable --bucket, no earlier demo in the way, and
+    # the serving venv is there unless the user opted out.
+    bucket = _check_bucket(args.bucket)
     _refuse_existing(workdir, args.overwrite)
     engine = None if args.no_serve else demo_serving.require_engine()
     _prepare_workdir(workdir, args.overwrite)
-    total = 4 if engine is None else 8
 
     def say(text: str) -> None:
         print(f"[demo {time.time() - started:5.1f}s] {text}", flush=True)
 
+    # The local GCS protocol server (a slice's shared storage) runs until the demo ends.
+    with contextlib.ExitStack() as stack:
+        where = _run_storage(args.hosts, bucket, args.overwrite, workdir, stack, say)
+        return _demo(args, workdir, engine, where, started, say)
+
+
+def _demo(
+    args: argparse.Namespace,
+    workdir: pathlib.Path,
+    engine: Any,
+    where: _RunStorage,
+    started: float,
+    say: Callable[[str], None],
+) -> int:
+    """The demo's steps once the workdir and the run directory's storage are ready."""
+    from workloads.cli import demo_serving
+
+    total = 4 if engine is None else 8
     from workloads.data import synthetic
     from workloads.model import tiny_model
 
@@ -365,10 +475,21 @@ def main(args: argparse.Namespace) -> int:
     if hosts == 1:
         import jax
 
-        cfg = demo_config(workdir, args.steps, devices=jax.device_count(), serving=serving)
+        cfg = demo_config(
+            workdir,
+            args.steps,
+            devices=jax.device_count(),
+            serving=serving,
+            output_dir=where.run_dir,
+        )
     else:
         cfg = demo_config(
-            workdir, args.steps, devices=hosts * DEVICES_PER_HOST, serving=serving, tp=HOST_TP
+            workdir,
+            args.steps,
+            devices=hosts * DEVICES_PER_HOST,
+            serving=serving,
+            tp=HOST_TP,
+            output_dir=where.run_dir,
         )
     config_path = workdir / "run.yaml"
     config_path.write_text(cfg.to_yaml())
@@ -398,14 +519,14 @@ def main(args: argparse.Namespace) -> int:
     # Totals over both processes (train_summary.json sums the run's segments).
     tokens = summary["real_tokens"]
     seconds = summary["wall_seconds"]
-    run_dir = pathlib.Path(cfg.train.output_dir)
+    run_dir = cfg.train.output_dir
     steps = summary["checkpoint_steps"]
     config = config_path
     mesh, ckpt_dir = cfg.train.mesh, cfg.train.checkpoint_dir
     lines = [
         "",
         "demo summary",
-        f"  hosts: {hosts} (mesh fsdp={mesh.fsdp} x tp={mesh.tp}"
+        f"  hosts: {hosts} host{'s' if hosts > 1 else ''} (mesh fsdp={mesh.fsdp} x tp={mesh.tp}"
         + (
             f", {hosts} processes on JAX's distributed runtime, logs in {workdir / 'hosts'})"
             if hosts > 1
@@ -418,8 +539,10 @@ def main(args: argparse.Namespace) -> int:
         f"  resumed: stopped after step {run.stopped_at}, resumed from checkpoint step "
         f"{run.resumed_from}",
         f"  checkpoints: {', '.join(runconfig.join(ckpt_dir, str(s)) for s in steps)}",
-        f"  metrics: {run_dir / 'metrics.jsonl'}, TensorBoard: {run_dir / 'tensorboard'}",
-        f"  summary: {run_dir / 'train_summary.json'}",
+        *([f"  run directory: {where.description}"] if where.description else []),
+        f"  metrics: {runconfig.join(run_dir, 'metrics.jsonl')}, TensorBoard: "
+        f"{runconfig.join(run_dir, 'tensorboard')}",
+        f"  summary: {runconfig.join(run_dir, 'train_summary.json')}",
         f"  loss curve: {workdir / 'loss.png'}",
         f"  run config: {config} (python -m workloads train --config {config})",
     ]

@@ -86,6 +86,16 @@ def _bound_gcs_requests() -> None:
 
 _bound_gcs_requests()
 
+# TensorStore (Orbax's checkpoint writes to gs://) has no timeout of its own on a silent
+# connection: a stalled request waits as long as the connection stays open (measured behind a
+# proxy that stalls: the save waited the whole stall). libcurl's low-speed limit abandons a
+# request that moves under 256 bytes/s for 60 s, and TensorStore retries it. These are the values
+# JAX sets on a TPU VM (jax._src.cloud_tpu_init); set here too so every process of ours, a CPU
+# rehearsal included, has them before TensorStore's first request reads them.
+TENSORSTORE_STALL_S = 60
+os.environ.setdefault("TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS", str(TENSORSTORE_STALL_S))
+os.environ.setdefault("TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES", "256")
+
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()

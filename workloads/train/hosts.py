@@ -16,9 +16,11 @@ worker waits for the rest.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import subprocess
+import time
 from collections.abc import Mapping
 
 from workloads.common import errors
@@ -155,6 +157,86 @@ def barrier(name: str) -> None:
     client = distributed.global_state.client
     if client is not None:
         client.wait_at_barrier(f"gemma4-{name}", BARRIER_TIMEOUT_S * 1000)
+
+
+# How long a host that does not see host 0's token file looks again before it concludes the
+# directory is not shared: a shared filesystem (NFS) may cache a missing name for a few seconds.
+SHARED_LOOK_S = 5.0
+SHARED_CHECK_PREFIX = ".hosts-shared-check-"
+
+
+def check_shared_directory(directory: str, what: str = "train.output_dir") -> None:
+    """Stops every host of a multi-host run when `directory` (a local path) is not one directory
+    all of them see: host 0 writes a token file there, all wait at a barrier, each other host
+    looks for the token, and all learn every host's answer. Without this a slice whose workers
+    each have their own local run directory trains on, each host saving its own part of every
+    checkpoint where no other host sees it; it only shows when the run resumes.
+
+    Nothing for one host or a gs:// URL (a bucket is shared by definition).
+
+    Args:
+        directory: the run directory (created by host 0 when missing).
+        what: the setting it comes from, for the message.
+
+    Raises:
+        errors.UserError: on every host, when some host does not see host 0's token (one line
+            naming the directory, the hosts and what is allowed).
+    """
+    import jax
+
+    if jax.process_count() == 1 or "://" in directory:
+        return
+    import secrets
+
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    primary = jax.process_index() == 0
+    barrier("shared-directory")
+    # int32: JAX without x64 keeps 32 bits of what it broadcasts.
+    token = int(
+        multihost_utils.broadcast_one_to_all(np.int32(secrets.randbelow(2**31) if primary else 0))
+    )
+    path = os.path.join(directory, f"{SHARED_CHECK_PREFIX}{token:08x}")
+    if primary:
+        _write_token(path, token)
+    barrier("shared-directory-written")
+    seen = primary or _sees_token(path, token)
+    answers = multihost_utils.process_allgather(np.int32(seen))
+    barrier("shared-directory-read")
+    if primary:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+    blind = [i for i, ok in enumerate(np.asarray(answers).reshape(-1)) if not ok]
+    if blind:
+        raise errors.UserError(
+            f"{what}={directory}: host(s) {', '.join(map(str, blind))} of {jax.process_count()} "
+            "do not see the files host 0 writes there; a multi-host run needs a directory every "
+            "host shares (a gs:// bucket or a shared filesystem)"
+        )
+
+
+def _write_token(path: str, token: int) -> None:
+    """The token file, written whole before it appears (rename)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    partial = f"{path}.partial"
+    with open(partial, "w") as out:
+        out.write(str(token))
+    os.replace(partial, path)
+
+
+def _sees_token(path: str, token: int) -> bool:
+    """Whether this host reads `token` from `path`, looking again for up to SHARED_LOOK_S."""
+    deadline = time.monotonic() + SHARED_LOOK_S
+    while True:
+        with contextlib.suppress(OSError, ValueError):
+            os.listdir(os.path.dirname(path))  # revalidates a network filesystem's name cache
+            with open(path) as got:
+                if int(got.read()) == token:
+                    return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
 
 
 def rehearsal_env(count: int, index: int, port: int, heartbeat_s: int = 10) -> dict[str, str]:

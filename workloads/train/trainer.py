@@ -402,6 +402,9 @@ def _set_up(
     hf_config = gemma4.read_hf_config(base)
     gemma4.check_tp(gemma4.tunix_config_from_hf(hf_config), train_cfg.mesh.tp)
     mesh = gemma4.make_mesh(train_cfg.mesh.fsdp, train_cfg.mesh.tp)
+    # A slice's hosts must all see one run directory: caught here, before a fresh run trains
+    # with each host saving its part of every checkpoint where the others cannot read it.
+    hosts.check_shared_directory(train_cfg.output_dir)
     has_meta = checkpoints.check_checkpoint_dir(cfg)
     primary = jax.process_index() == 0
     lock = runlock.RunLock(train_cfg.output_dir, log) if primary else None
