@@ -97,8 +97,12 @@ class Machine:
 
     # -- the machine -------------------------------------------------------------------------
 
-    def boot(self, timeout_s: float = 120.0) -> float:
+    def boot(self, timeout_s: float = 120.0, *, wait: bool = True) -> float:
         """Boots the machine and waits until systemd says it is up (running or degraded).
+
+        With wait=False it returns once PID 1 runs, as a cloud VM's create does: a VM's
+        startup-script unit holds systemd's "starting" until the script ends, and what waits
+        for the VM (the deploy) watches for the script's ready marker itself.
 
         Returns:
             Seconds from nspawn's start to systemd's answer.
@@ -131,6 +135,8 @@ class Machine:
                 argv, stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT
             )
         self.leader = self._find_leader(start + timeout_s)
+        if not wait:
+            return time.monotonic() - start
         state = self._wait_systemd(start + timeout_s)
         if state not in ("running", "degraded"):
             raise MachineError(

@@ -1,0 +1,121 @@
+"""A TPU VM of the local cloud: a Debian 12 machine wired to the cloud's services as a VM is.
+
+What the machine gets, each standing in for what a real VM has from its image or the cloud:
+- `metadata.google.internal` in /etc/hosts, naming this VM's own metadata server;
+- the guest agent's two jobs as units (localcloud/guest/: accounts and startup-script);
+- sshd listening on this VM's "external" address (a loopback address of its own: containers
+  share the host's network);
+- `gcloud` (localcloud/guest/gcloud) and, for every process, the environment that points gcsfs,
+  TensorStore and that gcloud at the GCS protocol server;
+- the CPU in place of the TPU: JAX on its CPU backend with 4 devices, the chips of a v5p-8 or of
+  one v6e-8 replica's tensor-parallel group.
+The product (scripts, units, workloads) is not changed: it meets these only as a VM would.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+from localcloud import metadata_server
+from localcloud.machine import HOST_CA, Machine
+
+GUEST = pathlib.Path(__file__).resolve().parent / "guest"
+# The TPU's stand-in: JAX's CPU backend, split into the devices the mesh expects.
+CPU_AS_TPU = {
+    "JAX_PLATFORMS": "cpu",
+    "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+}
+STAND_INS = (
+    "the TPU: JAX's CPU backend with 4 devices",
+    "the TPU VM image: Debian 12 (systemd 252) in a systemd-nspawn container, not Ubuntu 22.04",
+    "google-guest-agent: a unit that creates the ssh-keys users and runs startup-script",
+    "gcloud: a stand-in for storage cp/ls/rsync and secrets (localcloud/guest/gcloud)",
+    "GCS: fake-gcs-server (the GCS JSON API; no IAM, no latency)",
+    "the Pulumi engine: the program runs under mocks; the SshDeployment provider's code deploys",
+)
+
+
+class CloudVm:
+    """One worker of a TPU node, booted as a container on `machine`'s disk.
+
+    Args:
+        machine: the container (a fresh disk for a new VM).
+        address: its external address (sshd listens there).
+        metadata: its metadata server (already listening on its own address).
+        storage_url: the GCS protocol server's URL.
+        secrets: Secret Manager's secrets this VM may read (name -> value), for `gcloud secrets`.
+    """
+
+    def __init__(
+        self,
+        machine: Machine,
+        address: str,
+        metadata: metadata_server.MetadataServer,
+        storage_url: str,
+        secrets: dict[str, str] | None = None,
+    ) -> None:
+        self.machine = machine
+        self.address = address
+        self.metadata = metadata
+        self.storage_url = storage_url
+        self.secrets = secrets or {}
+
+    @property
+    def name(self) -> str:
+        return self.machine.name
+
+    def install(self) -> None:
+        """Writes the cloud's wiring onto the machine's disk (before its first boot)."""
+        m = self.machine
+        m.write(
+            "/etc/hosts",
+            "127.0.0.1 localhost\n"
+            f"{self.metadata.address} metadata.google.internal metadata\n"
+            f"{self.address} {m.name}\n",
+        )
+        m.write("/usr/local/lib/localcloud/guest-agent", (GUEST / "guest-agent").read_text(), 0o755)
+        m.write("/usr/local/bin/gcloud", (GUEST / "gcloud").read_text(), 0o755)
+        for unit in ("localcloud-accounts.service", "google-startup-scripts.service"):
+            m.write(f"/etc/systemd/system/{unit}", (GUEST / unit).read_text())
+            link = m.root / "etc/systemd/system/multi-user.target.wants" / unit
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if not link.is_symlink():
+                link.symlink_to(f"/etc/systemd/system/{unit}")
+        # The image masks sshd (containers for tests need none); a VM has it, on its address.
+        mask = m.root / "etc/systemd/system/ssh.service"
+        if mask.is_symlink():
+            mask.unlink()
+        m.write(
+            "/etc/ssh/sshd_config.d/localcloud.conf",
+            f"ListenAddress {self.address}\nPasswordAuthentication no\nUseDNS no\n",
+        )
+        environment = {
+            "STORAGE_EMULATOR_HOST": self.storage_url,
+            "TENSORSTORE_GCS_HTTP_URL": self.storage_url,
+            # gcsfs's gRPC bucket probe waits 30 s per call against a server without it.
+            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+            **CPU_AS_TPU,
+        }
+        if HOST_CA.exists():
+            # This network re-signs TLS with a CA the host trusts (bound in by Machine); uv
+            # reads only its own roots unless told (pip reads /etc/pip.conf).
+            environment["SSL_CERT_FILE"] = str(HOST_CA)
+        lines = " ".join(f'"{k}={v}"' for k, v in environment.items())
+        m.write(
+            "/etc/systemd/system.conf.d/localcloud.conf", f"[Manager]\nDefaultEnvironment={lines}\n"
+        )
+        m.write("/etc/environment", "".join(f"{k}={v}\n" for k, v in environment.items()))
+        for name, value in self.secrets.items():
+            m.write(f"/etc/localcloud/secrets/{name}", value, 0o600)
+
+    def boot(self, timeout_s: float = 180.0, *, wait: bool = True) -> float:
+        """Boots the VM (its units run the guest agent's jobs); returns the seconds it took
+        (with wait=False: until PID 1 runs, as a VM create returns before its boot ends)."""
+        self.install()
+        return self.machine.boot(timeout_s, wait=wait)
+
+    def startup_log(self) -> str:
+        try:
+            return (self.machine.root / "var/log/gemma4-startup.log").read_text(errors="replace")
+        except OSError:
+            return ""

@@ -1,0 +1,432 @@
+"""`python -m localcloud rehearse --stack dev`: the life of a run on containers, before a TPU bills.
+
+Stages (each prints one line with its time):
+ 1. plan     the Pulumi program under mocks: each VM's metadata and deployment, as `up` has them
+ 2. cloud    the GCS protocol server with the stack's buckets; the tiny Gemma 4 and data in them
+ 3. boot     the training VM boots (Debian 12 container): the guest agent runs its startup-script
+ 4. deploy   the SshDeployment provider's own code deploys over SSH, waiting for the ready marker
+ 5. train    the trainer runs under its unit, checkpointing to the bucket, until a checkpoint lands
+ 6. preempt  the VM is killed without warning (SIGKILL to its PID 1)
+ 7. reboot   a new VM (fresh disk, new address, new host keys) boots, restores the venv from the
+             bucket's archive and is deployed to
+ 8. resume   the trainer resumes from the bucket's newest checkpoint and finishes; the merge runs
+Then a summary: which VM ran what, and the stand-ins used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import yaml
+
+from infra.errors import InfraError
+from localcloud import cloud_vm, metadata_server, rootfs, stack_plan
+from localcloud.errors import CannotBoot, MachineError
+from localcloud.machine import Machine
+
+# GCE's Debian 12 image as the boot path sees it, with sshd and sudo (a VM has both).
+VM_PACKAGES = (*rootfs.STOCK_GCE, "openssh-server", "sudo")
+METADATA_PREFIX = "127.0.1."
+# What a rehearsal owns in its workdir, removed when the next one starts.
+OWNED = ("gcs", "vms", "logs", "ssh", "tiny-model", "data.jsonl")
+
+
+class RehearsalError(RuntimeError):
+    """A stage failed: one line naming it and where to look."""
+
+
+@dataclasses.dataclass
+class Stage:
+    name: str
+    seconds: float
+    note: str
+
+
+class Rehearsal:
+    """One rehearsal's cloud: the storage server, the VMs, their metadata servers."""
+
+    def __init__(self, stack: str, workdir: pathlib.Path, say: Callable[[str], None]) -> None:
+        self.stack = stack
+        self.workdir = workdir
+        self.say = say
+        self.stages: list[Stage] = []
+        self.vms: list[cloud_vm.CloudVm] = []
+        self.servers: list[metadata_server.MetadataServer] = []
+        self.storage: Any = None
+        self.addresses = 0
+        self.ran: list[str] = []
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[list[str]]:
+        note: list[str] = []
+        started = time.monotonic()
+        try:
+            yield note
+        except (MachineError, OSError, subprocess.SubprocessError, InfraError) as exc:
+            raise RehearsalError(f"stage {name}: {exc}") from exc
+        seconds = time.monotonic() - started
+        self.stages.append(Stage(name, seconds, "; ".join(note)))
+        self.say(f"{name:<8} {seconds:6.1f} s  {'; '.join(note)}")
+
+    # -- the cloud ---------------------------------------------------------------------------
+
+    def start_storage(self, buckets: list[str]) -> str:
+        from workloads.common.gcs_server import GcsServer
+
+        self.storage = GcsServer(self.workdir / "gcs" / "objects")
+        self.storage.root.parent.mkdir(parents=True, exist_ok=True)
+        self.storage.start()
+        for name in buckets:
+            self.storage.new_bucket(name)
+        return str(self.storage.url)
+
+    def put(self, uri: str, data: bytes) -> None:
+        bucket, _, name = uri.removeprefix("gs://").partition("/")
+        query = urllib.parse.urlencode({"uploadType": "media", "name": name})
+        req = urllib.request.Request(
+            f"{self.storage.url}/upload/storage/v1/b/{bucket}/o?{query}", data=data, method="POST"
+        )
+        urllib.request.urlopen(req, timeout=60).close()
+
+    def get(self, uri: str) -> bytes:
+        bucket, _, name = uri.removeprefix("gs://").partition("/")
+        quoted = urllib.parse.quote(name, safe="")
+        url = f"{self.storage.url}/storage/v1/b/{bucket}/o/{quoted}?alt=media"
+        with urllib.request.urlopen(url, timeout=60) as resp:
+            return bytes(resp.read())
+
+    def list(self, uri: str) -> list[str]:
+        bucket, _, prefix = uri.removeprefix("gs://").partition("/")
+        query = urllib.parse.urlencode({"prefix": prefix})
+        with urllib.request.urlopen(
+            f"{self.storage.url}/storage/v1/b/{bucket}/o?{query}", timeout=30
+        ) as resp:
+            return [item["name"] for item in json.loads(resp.read()).get("items", [])]
+
+    def new_vm(self, plan: stack_plan.VmPlan, tree: pathlib.Path) -> cloud_vm.CloudVm:
+        """A new VM for `plan` (fresh disk, next address, new instance id), not booted."""
+        self.addresses += 1
+        n = self.addresses
+        address = f"{stack_plan.ADDRESS_PREFIX}{100 + n}"
+        instance = metadata_server.Instance(
+            name=plan.node_id,
+            id=str(uuid.uuid4().int % 10**18),
+            zone=plan.zone,
+            project=str(stack_plan.OVERLAY["project"]),
+            attributes=metadata_server.worker_attributes(plan.metadata, 0, [address]),
+        )
+        server = metadata_server.MetadataServer(instance, f"{METADATA_PREFIX}{n}")
+        self.servers.append(server)
+        machine = Machine(tree, self.workdir / "vms" / f"{plan.node_id}-{n}", f"{plan.node_id}-{n}")
+        vm = cloud_vm.CloudVm(machine, address, server, self.storage.url)
+        self.vms.append(vm)
+        return vm
+
+    def keep_logs(self, vm: cloud_vm.CloudVm) -> pathlib.Path:
+        """Copies the VM's startup log and journal under workdir/logs/<vm> (its disk goes)."""
+        out = self.workdir / "logs" / vm.name
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "gemma4-startup.log").write_text(vm.startup_log())
+        with contextlib.suppress(MachineError):
+            if vm.machine.running():
+                journal = vm.machine.run(["journalctl", "--no-pager", "-o", "short"], check=False)
+                (out / "journal.log").write_text(journal.stdout)
+        with contextlib.suppress(OSError):
+            shutil.copy(vm.machine.console, out / "console.log")
+        return out
+
+    def close(self) -> None:
+        for vm in self.vms:
+            with contextlib.suppress(Exception):
+                self.keep_logs(vm)
+            with contextlib.suppress(Exception):
+                vm.machine.destroy()
+        for server in self.servers:
+            with contextlib.suppress(Exception):
+                server.stop()
+        if self.storage is not None:
+            self.storage.kill()
+
+
+def _interrupted(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _script_value(script: str, name: str) -> str:
+    match = re.search(rf"^readonly {name}=(\S+)$", script, re.MULTILINE)
+    if not match:
+        raise RehearsalError(f"the startup script has no {name}")
+    return match.group(1)
+
+
+def _ssh_key(workdir: pathlib.Path) -> tuple[pathlib.Path, str]:
+    key = workdir / "ssh" / "id_ed25519"
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "rehearsal", "-f", str(key)],
+            check=True,
+        )
+    return key, key.with_suffix(".pub").read_text().strip()
+
+
+def _deploy(props: dict[str, Any], host: str, key: pathlib.Path, known_hosts: pathlib.Path) -> None:
+    """Runs `pulumi up`'s SshDeployment create on `host`: the provider's own code, with the
+    rehearsal's key and known_hosts in place of the stack file's (the state is portable)."""
+    from infra.remote import ssh
+    from infra.resources import ssh_deployment
+
+    settings = ssh.SshSettings(
+        user=props["ssh_user"], key_path=str(key), known_hosts=str(known_hosts), port=22
+    )
+
+    class Inputs(ssh_deployment.DeploymentInputs):
+        def settings(self) -> ssh.SshSettings:
+            return settings
+
+    inputs = Inputs.model_validate({**props, "hosts": [host], "ready_timeout_s": 900.0})
+    ssh_deployment.SshDeploymentProvider()._deploy(inputs)
+
+
+def _wait(what: str, check: Callable[[], bool], timeout_s: float, vm: cloud_vm.CloudVm) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if not vm.machine.running():
+            raise RehearsalError(f"{vm.name} stopped while waiting for {what}")
+        time.sleep(2)
+    raise RehearsalError(
+        f"{what}: not within {timeout_s:.0f} s on {vm.name} (its journal: "
+        f"journalctl -D {vm.machine.root}/var/log/journal)"
+    )
+
+
+def _unit_state(vm: cloud_vm.CloudVm, unit: str) -> str:
+    proc = vm.machine.run(["systemctl", "is-active", unit], check=False)
+    return proc.stdout.strip()
+
+
+def _journal_tail(vm: cloud_vm.CloudVm, unit: str, lines: int = 15) -> str:
+    with contextlib.suppress(MachineError):
+        return vm.machine.run(
+            ["journalctl", "-u", unit, "-n", str(lines), "--no-pager", "-o", "cat"], check=False
+        ).stdout
+    return ""
+
+
+def run(stack: str, workdir: pathlib.Path, say: Callable[[str], None] = print) -> int:
+    """The rehearsal; returns the exit status (0: every stage passed, 1: one failed, 2: this
+    machine cannot boot containers)."""
+    try:
+        rootfs.check_tools()
+    except CannotBoot as exc:
+        say(f"rehearse: {exc}")
+        return 2
+    workdir.mkdir(parents=True, exist_ok=True)
+    for owned in OWNED:
+        # A rehearsal starts from an empty cloud: no bucket objects, VMs or host keys of the last.
+        shutil.rmtree(workdir / owned, ignore_errors=True)
+    rehearsal = Rehearsal(stack, workdir, say)
+    # Ctrl-C or a SIGTERM (CI's timeout) still tears the VMs down and keeps their logs.
+    signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        _life_of_a_run(rehearsal)
+    except (RehearsalError, CannotBoot) as exc:
+        say(f"rehearse: FAILED: {exc} (logs: {workdir / 'logs'})")
+        return 1
+    except KeyboardInterrupt:
+        say(f"rehearse: interrupted; VMs torn down (logs: {workdir / 'logs'})")
+        return 130
+    finally:
+        rehearsal.close()
+    _summary(rehearsal)
+    return 0
+
+
+@dataclasses.dataclass
+class TrainingCloud:
+    """The training VM's side of the cloud, ready to boot VMs into: what the rehearsal and the
+    boot-fault cases (tests/localcloud) start from."""
+
+    plan: stack_plan.StackPlan
+    train: stack_plan.VmPlan
+    deployment: dict[str, Any]
+    run_config: dict[str, Any]
+    tree: pathlib.Path
+    key: pathlib.Path
+    known_hosts: pathlib.Path
+
+    def deploy(self, vm: cloud_vm.CloudVm) -> None:
+        """`pulumi up`'s deployment of the training VM's workloads to `vm`."""
+        _deploy(self.deployment, vm.address, self.key, self.known_hosts)
+
+
+def prepare_training(r: Rehearsal, overlay: dict[str, Any] | None = None) -> TrainingCloud:
+    """Stages plan, cloud and image: the program under mocks (the rehearsal's config plus
+    `overlay`), the storage server with the stack's buckets, the tiny model and data in them,
+    and the Debian 12 tree."""
+    key, public_key = _ssh_key(r.workdir)
+    with r.stage("plan") as note:
+        config = stack_plan.rehearsal_config(r.stack, public_key, key, serving=False)
+        config = stack_plan.merged(config, overlay or {})
+        plan = stack_plan.plan(r.stack, config)
+        train = plan.vms["train"]
+        if train.deployment is None:
+            raise RehearsalError("the program declares no deployment for the training VM")
+        note.append(f"{len(plan.vms)} VM(s), buckets {', '.join(plan.buckets)}")
+    with r.stage("cloud") as note:
+        from workloads.data import synthetic
+        from workloads.model import tiny_model
+
+        storage = r.start_storage(plan.buckets)
+        script = train.metadata["startup-script"]
+        model_uri = _script_value(script, "MODEL_URI")
+        marker_uri = _script_value(script, "MODEL_MARKER_URI")
+        local_model = r.workdir / "tiny-model"
+        shutil.rmtree(local_model, ignore_errors=True)
+        tiny_model.write_tiny_model(
+            local_model, global_kv_heads=tiny_model.TP4_GLOBAL_KV_HEADS, dtype="bfloat16"
+        )
+        for path in sorted(local_model.iterdir()):
+            r.put(f"{model_uri}/{path.name}", path.read_bytes())
+        r.put(marker_uri, b"gemma4-tpu/gemma-4-tiny-random\n")
+        run_config = yaml.safe_load(train.deployment["run_config_yaml"])
+        dataset_uri = run_config["data"]["dataset"]
+        local_data = r.workdir / "data.jsonl"
+        synthetic.write_synthetic_codev(str(local_data), 200)
+        r.put(dataset_uri, local_data.read_bytes())
+        note.append(f"storage {storage}; tiny model -> {model_uri}; data -> {dataset_uri}")
+    with r.stage("image") as note:
+        tree = rootfs.ensure(VM_PACKAGES)
+        note.append(f"Debian 12 tree {tree}")
+    return TrainingCloud(
+        plan, train, train.deployment, run_config, tree, key, r.workdir / "ssh" / "known_hosts"
+    )
+
+
+def _life_of_a_run(r: Rehearsal) -> None:
+    cloud = prepare_training(r)
+    train, tree, run_config = cloud.train, cloud.tree, cloud.run_config
+    vm = r.new_vm(train, tree)
+    with r.stage("boot") as note:
+        seconds = vm.boot(wait=False)
+        note.append(f"{vm.name} at {vm.address} (PID 1 after {seconds:.1f} s)")
+    with r.stage("deploy") as note:
+        cloud.deploy(vm)
+        note.append(f"{vm.name}: ready marker seen, workloads deployed over SSH")
+        r.ran.append(
+            f"{vm.name}: startup script (venv installed by uv), deploy, training until preempted"
+        )
+    run_dir = run_config["train"]["output_dir"]
+    with r.stage("train") as note:
+        saved: list[int] = []
+
+        def intact() -> bool:
+            # A step is resumable once Orbax committed it and the trainer wrote its checksums.
+            names = set(r.list(f"{run_dir}/checkpoints/"))
+            saved[:] = sorted(
+                int(m.group(1))
+                for n in names
+                if (m := re.search(r"/checkpoints/(\d+)/commit_success\.txt$", n))
+                and n.replace("commit_success.txt", "checksums.json") in names
+            )
+            return bool(saved)
+
+        _wait("an intact checkpoint in the bucket", intact, 900, vm)
+        note.append(f"step {saved[-1]} saved intact to {run_dir}/checkpoints")
+    with r.stage("preempt") as note:
+        vm.machine.preempt()
+        note.append(f"{vm.name} killed (SIGKILL to PID 1) after step {saved[-1]} was saved")
+
+    vm2 = r.new_vm(train, tree)
+    with r.stage("reboot") as note:
+        vm2.boot(wait=False)
+        cloud.deploy(vm2)
+        note.append(f"{vm2.name} at {vm2.address}: a new VM booted, ready, deployed")
+    with r.stage("resume") as note:
+        _wait(
+            "the trainer to finish",
+            lambda: (
+                _unit_state(vm2, "gemma4-train.service") in ("inactive", "failed")
+                and f"{run_dir.split('/', 3)[3]}/train_summary.json" in r.list(run_dir)
+            ),
+            900,
+            vm2,
+        )
+        summary = json.loads(r.get(f"{run_dir}/train_summary.json"))
+        steps = run_config["train"]["max_steps"]
+        if summary.get("resumed_from_step", 0) < saved[-1] or summary.get("total_steps") != steps:
+            raise RehearsalError(
+                f"the new VM's trainer did not resume from step {saved[-1]} to {steps}: "
+                f"resumed_from_step={summary.get('resumed_from_step')}, "
+                f"total_steps={summary.get('total_steps')}"
+            )
+        note.append(
+            f"{vm2.name}: resumed from step {summary['resumed_from_step']}, "
+            f"finished step {steps} (loss {summary['first_loss']:.3f} -> "
+            f"{summary['final_loss']:.3f})"
+        )
+    merged = run_config["merge"]["out"]
+    with r.stage("merge") as note:
+        _wait(
+            "the merge",
+            lambda: (
+                _unit_state(vm2, "gemma4-merge.service") in ("inactive", "failed")
+                and any(n.endswith("/merge_metadata.json") for n in r.list(merged))
+            ),
+            600,
+            vm2,
+        )
+        meta = json.loads(r.get(f"{merged}/merge_metadata.json"))
+        note.append(f"{vm2.name}: merged step {meta.get('step', '?')} into {merged}")
+        r.ran.append(f"{vm2.name}: startup script (venv from the bucket's archive), resume, merge")
+
+
+def _summary(r: Rehearsal) -> None:
+    total = sum(s.seconds for s in r.stages)
+    r.say(f"rehearse: {len(r.stages)} stages passed in {total:.0f} s")
+    for line in r.ran:
+        r.say(f"  {line}")
+    r.say("  stand-ins:")
+    for line in cloud_vm.STAND_INS:
+        r.say(f"    {line}")
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stack", default="dev", help="the stack whose VMs to rehearse")
+    parser.add_argument(
+        "--workdir",
+        default="runs/rehearse",
+        type=pathlib.Path,
+        help="where the VMs' disks, the bucket's objects and the logs go",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m localcloud rehearse", description=__doc__)
+    configure_parser(parser)
+    args = parser.parse_args(argv)
+    return run(args.stack, args.workdir.resolve(), say=lambda line: print(line, flush=True))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""What the Pulumi program declares for a stack's VMs, learned by running it under Pulumi mocks.
+
+The rehearsal boots VMs from the program's own declarations, not from a hand-written copy: it
+runs `infra.program.run()` under the recording mocks (localcloud/pulumi_mocks.py) with the
+stack's file plus the rehearsal's overlay (the tiny model and data, a local SSH key, short
+training), and keeps, per VM, the node's metadata (startup-script, ssh-keys, ...) and the
+deployment's inputs (the props `pulumi up`'s SshDeployment provider receives).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import pathlib
+from typing import Any
+
+from localcloud import pulumi_mocks
+
+DEPLOYMENT = "pulumi-python:dynamic/gemma4:SshDeployment"
+ADDRESS_PREFIX = "127.0.2."
+"""The mock cloud's external addresses: each VM's sshd listens on one of these loopback ones."""
+
+# The rehearsal's overlay on the stack file: by config only (the program has no rehearsal branch).
+OVERLAY: dict[str, Any] = {
+    "project": "localcloud-rehearsal",
+    "model": {"name": "gemma-4-tiny", "downloadFromHub": False},
+    "data": {"maxRows": 160, "maxSeqLen": 256, "packing": True},
+    "training": {
+        "maxSteps": 12,
+        "warmupSteps": 2,
+        "saveEvery": 4,
+        "keepCheckpoints": 2,
+        "microBatch": 1,
+        "gradAccum": 2,
+        "remat": "none",
+        # The tiny model needs no room in /dev/shm besides itself.
+        "shmWorkingSetGb": 0.5,
+    },
+    # The tiny model's context is 4,096 tokens.
+    "serving": {"maxModelLen": 1024},
+}
+
+
+@dataclasses.dataclass
+class VmPlan:
+    """One VM as the program declares it.
+
+    Attributes:
+        role: train or serve; node_id: the TPU node's name; zone: its first zone.
+        accelerator: the accelerator type (how many workers); metadata: the node's metadata.
+        deployment: the SshDeployment's inputs (None: the program deploys nothing to it).
+    """
+
+    role: str
+    node_id: str
+    zone: str
+    accelerator: str
+    metadata: dict[str, str]
+    deployment: dict[str, Any] | None
+
+
+@dataclasses.dataclass
+class StackPlan:
+    """The stack's VMs and buckets, and the config they were declared from."""
+
+    stack: str
+    config: dict[str, Any]
+    vms: dict[str, VmPlan]
+    buckets: list[str]
+
+
+def merged(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    """A deep copy of `base` with `overlay`'s keys set (sections merged, not replaced)."""
+    out = copy.deepcopy(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def rehearsal_config(
+    stack: str, public_key: str, private_key_file: pathlib.Path, serving: bool
+) -> dict[str, Any]:
+    """The stack file's `gemma4-tpu:*` mapping with the rehearsal's overlay."""
+    mapping = pulumi_mocks.stack_config.read_stack_file(pulumi_mocks.ROOT / f"Pulumi.{stack}.yaml")
+    overlay = merged(
+        OVERLAY,
+        {
+            "ssh": {"publicKey": public_key, "privateKeyFile": str(private_key_file)},
+            "serving": {"enabled": serving},
+        },
+    )
+    return merged(mapping, overlay)
+
+
+def plan(stack: str, config: dict[str, Any]) -> StackPlan:
+    """Runs the program under mocks with `config` and reads each VM's declarations.
+
+    Raises:
+        pulumi.RunError: the program refused the config (its message names the key).
+    """
+    recording = pulumi_mocks.run_program(stack, config, ip_prefix=ADDRESS_PREFIX)
+    deployments = {
+        r.inputs.get("vm"): dict(r.inputs) for r in recording.resources if r.type == DEPLOYMENT
+    }
+    vms: dict[str, VmPlan] = {}
+    for node in recording.of_type(pulumi_mocks.TPU_NODE):
+        inputs = node.inputs
+        role = node.name.removesuffix("-node")
+        vms[role] = VmPlan(
+            role=role,
+            node_id=inputs["node_id"],
+            zone=inputs["zones"][0],
+            accelerator=inputs["accelerator_type"],
+            metadata={k: str(v) for k, v in (inputs.get("metadata") or {}).items()},
+            deployment=deployments.get(inputs["node_id"]),
+        )
+    buckets = [
+        r.inputs["name"] for r in recording.resources if r.type == "gcp:storage/bucket:Bucket"
+    ]
+    return StackPlan(stack=stack, config=config, vms=vms, buckets=buckets)
