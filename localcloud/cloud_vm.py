@@ -105,6 +105,7 @@ class CloudVm:
             "/etc/systemd/system.conf.d/localcloud.conf", f"[Manager]\nDefaultEnvironment={lines}\n"
         )
         m.write("/etc/environment", "".join(f"{k}={v}\n" for k, v in environment.items()))
+        m.write("/etc/localcloud/storage-url", self.storage_url + "\n")
         for name, value in self.secrets.items():
             m.write(f"/etc/localcloud/secrets/{name}", value, 0o600)
 

@@ -23,6 +23,7 @@ import pathlib
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -123,8 +124,7 @@ class Rehearsal:
 
     def new_vm(self, plan: stack_plan.VmPlan, tree: pathlib.Path) -> cloud_vm.CloudVm:
         """A new VM for `plan` (fresh disk, next address, new instance id), not booted."""
-        self.addresses += 1
-        n = self.addresses
+        n = self.addresses = _free_index(self.addresses + 1)
         address = f"{stack_plan.ADDRESS_PREFIX}{100 + n}"
         instance = metadata_server.Instance(
             name=plan.node_id,
@@ -164,6 +164,27 @@ class Rehearsal:
                 server.stop()
         if self.storage is not None:
             self.storage.kill()
+
+
+def _bindable(address: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((address, port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_index(start: int) -> int:
+    """The first VM index from `start` whose metadata (127.0.1.n:80) and SSH (127.0.2.100+n:22)
+    addresses are free: another rehearsal (or test) may be running on this machine."""
+    for n in range(start, 150):
+        if _bindable(f"{METADATA_PREFIX}{n}", 80) and _bindable(
+            f"{stack_plan.ADDRESS_PREFIX}{100 + n}", 22
+        ):
+            return n
+    raise RehearsalError("no free loopback addresses for another VM (127.0.1.1-149 all in use)")
 
 
 def _interrupted(_signum: int, _frame: object) -> None:
@@ -399,6 +420,51 @@ def _life_of_a_run(r: Rehearsal) -> None:
         meta = json.loads(r.get(f"{merged}/merge_metadata.json"))
         note.append(f"{vm2.name}: merged step {meta.get('step', '?')} into {merged}")
         r.ran.append(f"{vm2.name}: startup script (venv from the bucket's archive), resume, merge")
+    vm2.machine.preempt()  # done: its units have nothing left to run
+    _controller(r, cloud)
+
+
+def _controller(r: Rehearsal, cloud: TrainingCloud) -> None:
+    """The recovery controller's VM boots its real recover.sh (the program declares it when
+    recovery.enabled) as far as the Pulumi CLI, which cannot be downloaded here."""
+    state = "localcloud-rehearsal-pulumi-state"
+    with r.stage("control") as note:
+        r.storage.new_bucket(state)
+        config = stack_plan.merged(
+            cloud.plan.config,
+            {
+                # The controller puts the SSH key at the same ~/ path in its own home.
+                "ssh": {"privateKeyFile": "~/.ssh/id_ed25519"},
+                "recovery": {"enabled": True, "backendUrl": f"gs://{state}/pulumi"},
+            },
+        )
+        secrets = {"recoverySshKey": cloud.key.read_text(), "recoveryPassphrase": "rehearsal"}
+        controller = stack_plan.plan(r.stack, config, secrets).vms.get("controller")
+        if controller is None:
+            raise RehearsalError("recovery.enabled declared no controller instance")
+        vm = r.new_vm(controller, cloud.tree)
+        vm.boot(wait=False)
+        _wait(
+            "the controller's recover.sh to reach the Pulumi CLI download",
+            lambda: "get.pulumi.com" in _console(vm),
+            600,
+            vm,
+        )
+        if "venv /opt/gemma4-recover/venv made" not in _console(vm):
+            raise RehearsalError(f"{vm.name}: recover.sh reached Pulumi without making its venv")
+        note.append(
+            f"{vm.name}: recover.sh ran apt, its user and venv, swap; stopped at the Pulumi CLI "
+            "download (get.pulumi.com is not reachable here)"
+        )
+        r.ran.append(f"{vm.name}: the recovery controller's recover.sh, up to the Pulumi CLI")
+        vm.machine.preempt()
+
+
+def _console(vm: cloud_vm.CloudVm) -> str:
+    try:
+        return vm.machine.console.read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def _summary(r: Rehearsal) -> None:

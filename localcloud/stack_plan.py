@@ -95,13 +95,20 @@ def rehearsal_config(
     return merged(mapping, overlay)
 
 
-def plan(stack: str, config: dict[str, Any]) -> StackPlan:
-    """Runs the program under mocks with `config` and reads each VM's declarations.
+INSTANCE = "gcp:compute/instance:Instance"
+
+
+def plan(stack: str, config: dict[str, Any], secrets: dict[str, str] | None = None) -> StackPlan:
+    """Runs the program under mocks with `config` and reads each VM's declarations (the TPU
+    nodes by role, the recovery controller's Compute Engine instance as `controller`).
+
+    Args:
+        secrets: secret config keys (recoverySshKey, ...) -> value.
 
     Raises:
         pulumi.RunError: the program refused the config (its message names the key).
     """
-    recording = pulumi_mocks.run_program(stack, config, ip_prefix=ADDRESS_PREFIX)
+    recording = pulumi_mocks.run_program(stack, config, ip_prefix=ADDRESS_PREFIX, secrets=secrets)
     deployments = {
         r.inputs.get("vm"): dict(r.inputs) for r in recording.resources if r.type == DEPLOYMENT
     }
@@ -116,6 +123,16 @@ def plan(stack: str, config: dict[str, Any]) -> StackPlan:
             accelerator=inputs["accelerator_type"],
             metadata={k: str(v) for k, v in (inputs.get("metadata") or {}).items()},
             deployment=deployments.get(inputs["node_id"]),
+        )
+    for instance in recording.of_type(INSTANCE):
+        inputs = instance.inputs
+        vms["controller"] = VmPlan(
+            role="controller",
+            node_id=inputs["name"],
+            zone=inputs["zone"],
+            accelerator="",
+            metadata={k: str(v) for k, v in (inputs.get("metadata") or {}).items()},
+            deployment=None,
         )
     buckets = [
         r.inputs["name"] for r in recording.resources if r.type == "gcp:storage/bucket:Bucket"

@@ -655,7 +655,19 @@ ensure_shm() {
   exit 1
 }
 
+# gcs_exists URI: 0 when the object (or prefix) is there, 1 when it is not. `gcloud storage ls`
+# fails alike for "absent" and "cannot read the bucket" (network, 503s, permissions); taking the
+# second for the first sent a boot down the wrong path (the weights "missing": a hub download, or
+# a failed boot naming the wrong cause). So a miss is checked against the bucket itself, retried
+# with backoff; a bucket that stays unreadable stops the boot, naming it.
 gcs_exists() {
+  local bucket=${1#gs://}
+  bucket="gs://${bucket%%/*}"
+  if gcloud storage ls "$1" >/dev/null 2>&1; then return 0; fi
+  if ! retry 3 gcloud storage ls "$bucket" >/dev/null; then
+    log "ERROR: cannot read $bucket (network, permissions or an outage): not taking $1 for absent" >&2
+    exit 1
+  fi
   gcloud storage ls "$1" >/dev/null 2>&1
 }
 

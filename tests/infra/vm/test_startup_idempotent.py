@@ -25,7 +25,12 @@ local_path() { printf '%s/%s' "$FAKE_GCS" "${1#gs://}"; }
 verb="$1 $2"
 shift 2
 case "$verb" in
-  "storage ls") [ -e "$(local_path "$1")" ] ;;
+  "storage ls")
+    # A bucket's own listing answers unless the test made it unreachable.
+    case "$1" in
+      gs://*/*) [ ! -e "$FAKE_GCS/unreachable" ] && [ -e "$(local_path "$1")" ] ;;
+      *) [ ! -e "$FAKE_GCS/unreachable" ] ;;
+    esac ;;
   "storage cp")
     if [ "$1" = --quiet ]; then shift; fi
     cp "$(local_path "$1")" "$2" ;;
@@ -220,3 +225,23 @@ def test_serving_weights_from_the_bucket_are_not_staged_and_the_stage_says_so(tm
     rc, output = _run(tmp, script, "merged_model_weights")
     assert rc == 0, output
     assert (merged_dir / "model.safetensors.index.json").read_text() == '{"v": 1}'
+
+
+def test_an_unreachable_bucket_is_not_taken_for_a_missing_model(tmp):
+    # Before: `gcloud storage ls` failing for a network outage read as "no model there", and the
+    # boot stopped with "no model at ..." (or went to the hub), naming the wrong cause.
+    cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("dev"))
+    context = startup.train_context(cfg, has_hf_secret=False)
+    context |= {
+        "stage_dir": str(tmp / "shm" / "base"),
+        "model_uri": "gs://bucket/models/gemma-4-31b",
+        "model_marker_uri": "gs://bucket/models/gemma-4-31b.complete",
+    }
+    script = templating.render("startup/train.sh.j2", **context)
+    (tmp / "gcs" / "unreachable").parent.mkdir(parents=True, exist_ok=True)
+    (tmp / "gcs" / "unreachable").touch()
+    rc, output = _run(tmp, script, "ensure_base_model 1")
+    assert rc == 1
+    assert "ERROR: cannot read gs://bucket (network, permissions or an outage)" in output
+    assert "no model at" not in output
+    assert len(_calls(tmp, "storage ls gs://bucket")) >= 3  # retried before giving up

@@ -37,7 +37,12 @@ verb="$1 $2"
 shift 2
 case "$verb" in
   "secrets versions") echo "hf_faketoken" ;;
-  "storage ls") [ -e "$(local_path "$1")" ] ;;
+  "storage ls")
+    # A bucket's own listing answers unless the test made it unreachable.
+    case "$1" in
+      gs://*/*) [ ! -e "$FAKE_GCS/unreachable" ] && [ -e "$(local_path "$1")" ] ;;
+      *) [ ! -e "$FAKE_GCS/unreachable" ] ;;
+    esac ;;
   "storage cp")
     if [ "$1" = --quiet ]; then shift; fi
     if [ -e "$FAKE_GCS/fail-cp" ]; then echo "network error" >&2; exit 1; fi
