@@ -164,6 +164,7 @@ class Rehearsal:
                 server.stop()
         if self.storage is not None:
             self.storage.kill()
+        self.vms, self.servers, self.storage = [], [], None
 
 
 def _bindable(address: str, port: int) -> bool:

@@ -12,6 +12,7 @@ are slow tests; CI runs them (`.ci/run`'s slow phase).
 from __future__ import annotations
 
 import pathlib
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ import pytest
 from infra.remote.errors import DeployError
 from localcloud import rehearse
 from localcloud.errors import CannotBoot
+from tests.fixtures.tmpfs import mount_tmpfs
 
 pytestmark = pytest.mark.slow
 
@@ -45,10 +47,11 @@ def wait_for_log(vm, text: str, timeout_s: float = 300) -> None:
     raise AssertionError(f"{text!r} not in the startup log: {vm.startup_log()[-2000:]}")
 
 
-def test_a_metadata_server_answering_503_at_boot_is_waited_out(cloud):
+def test_a_slow_metadata_server_answering_503_at_boot_is_waited_out(cloud):
     training = rehearse.prepare_training(cloud)
     vm = cloud.new_vm(training.train, training.tree)
     vm.metadata.fail_for(20)
+    vm.metadata.delay_s = 1.0  # and every answer slow
     vm.boot(wait=False)
     training.deploy(vm)  # waits for the ready marker, then deploys
 
@@ -108,3 +111,57 @@ def test_a_bucket_unreachable_while_the_weights_stage_is_retried_or_named(cloud)
         training.deploy(vm)
     back.join()
     assert "ready: /var/lib/gemma4/ready" in vm.startup_log()
+
+
+def test_a_vm_killed_during_the_deploys_switch_converges_on_the_next_deploy(cloud, monkeypatch):
+    from infra.resources import ssh_deployment
+
+    training = rehearse.prepare_training(cloud)
+    vm = cloud.new_vm(training.train, training.tree)
+    vm.boot(wait=False)
+    real = ssh_deployment.progress
+
+    def kill_at_switch(name: str):
+        report = real(name)
+
+        def hook(host: str, step: str) -> None:
+            report(host, step)
+            if step == "switch":
+                vm.machine.preempt()  # the VM goes as the release is switched to
+
+        return hook
+
+    monkeypatch.setattr(ssh_deployment, "progress", kill_at_switch)
+    with pytest.raises(DeployError):
+        training.deploy(vm)
+    monkeypatch.setattr(ssh_deployment, "progress", real)
+
+    vm.machine.boot(wait=False)  # it comes back on the same disk
+    training.deploy(vm)  # `pulumi up` again
+
+    active = vm.machine.run(["systemctl", "is-active", "gemma4-train.service"], check=False)
+    assert active.stdout.strip() in ("active", "activating")
+    current = vm.machine.run(["readlink", "-f", "/opt/gemma4/current"], check=False).stdout
+    assert "/releases/" in current
+
+
+def test_a_full_boot_disk_is_one_line_naming_it(cloud):
+    vms = cloud.workdir / "vms"
+    if not mount_tmpfs(vms, "400m"):
+        pytest.fail("cannot mount a tmpfs for the VM's disk (needs root)", pytrace=False)
+    try:
+        training = rehearse.prepare_training(cloud)
+        vm = cloud.new_vm(training.train, training.tree)
+        vm.boot(wait=False)
+        started = time.monotonic()
+        with pytest.raises(DeployError) as caught:
+            training.deploy(vm)
+        took = time.monotonic() - started
+    finally:
+        cloud.close()
+        subprocess.run(["umount", "-l", str(vms)], check=False)
+
+    message = str(caught.value)
+    assert "failed at boot" in message
+    assert "the boot disk is full" in message  # the cause, not uv's last words
+    assert took < 300

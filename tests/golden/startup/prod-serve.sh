@@ -395,13 +395,18 @@ keep_script() {
 # $BOOT_FAILED_MARKER (what the deploy's readiness wait reports, in seconds, instead of polling
 # for an hour).
 boot_ended() {
-  local status=$1 stage=${STAGE:-startup} cause
+  local status=$1 stage=${STAGE:-startup} cause free_mb
   stage_end false "the startup script stopped here"
   if [ "$status" -ne 0 ] && [ ! -e "$READY_MARKER" ]; then
     # The log's last line is what the failing step said (ensure_shm names the stack key, a
     # command its error): the deploy shows it, so the cause is on the one line it prints.
     cause=$(grep -v 'gemma4-startup\[.*\]: stage .*FAILED$' "$LOG_FILE" 2>/dev/null | grep . |
       tail -n 1 | cut -c1-300)
+    # A full boot disk fails whatever step was writing, in that step's words: say it first.
+    free_mb=$(df -Pm / 2>/dev/null | awk 'NR == 2 { print $4 }')
+    if [ -n "$free_mb" ] && [ "$free_mb" -lt 256 ]; then
+      cause="the boot disk is full ($free_mb MiB free on /): $cause"
+    fi
     printf 'stage %s failed (exit %s) at %s on %s: %s; log %s\n' "$stage" "$status" \
       "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$(hostname)" "${cause:-no output}" "$LOG_FILE" \
       >"$BOOT_FAILED_MARKER.tmp" && mv "$BOOT_FAILED_MARKER.tmp" "$BOOT_FAILED_MARKER"
