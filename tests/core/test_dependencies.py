@@ -29,7 +29,7 @@ RUNTIME_PLUGINS = {
     "jaxlib": "jax's compiled half, loaded by jax",
     "libtpu": "the TPU compiler/runtime jax loads as a plugin",
 }
-RUNTIME_EXTRAS = ("infra", "workloads", "compile")
+RUNTIME_EXTRAS = ("infra", "workloads", "compile", "demo")
 
 
 def _name(requirement: str) -> str:
