@@ -21,7 +21,7 @@ from infra.config.sizing import (
     training_hbm_bytes,
     training_shm_bytes,
 )
-from workloads.contract import catalog, runconfig
+from workloads.contract import catalog
 
 StackConfig = config_mod.StackConfig
 Rule = Callable[[StackConfig], list[str]]
@@ -313,7 +313,14 @@ def _repeats(key: str, values: Iterable[object]) -> list[str]:
     return problems
 
 
-@reads("lora.targets", "serving.apiSourceRanges", "serving.enabled", "ssh.sourceRanges")
+@reads(
+    "lora.targets",
+    "serving.apiSourceRanges",
+    "serving.bench.requestRates",
+    "serving.bench.shapes",
+    "serving.enabled",
+    "ssh.sourceRanges",
+)
 def rule_list_repeats(cfg: StackConfig) -> list[str]:
     """Each value of a list-valued key once: a repeat is a typo that the list's consumer would
     silently collapse (a LoRA target adapted once, a firewall range allowed once). The zone
@@ -322,6 +329,9 @@ def rule_list_repeats(cfg: StackConfig) -> list[str]:
     problems += _repeats("ssh.sourceRanges", cfg.ssh.source_ranges)
     if cfg.serving.enabled:
         problems += _repeats("serving.apiSourceRanges", cfg.serving.api_source_ranges)
+        # A sweep point listed twice is measured twice and tabled once.
+        problems += _repeats("serving.bench.shapes", cfg.serving.bench.shapes)
+        problems += _repeats("serving.bench.requestRates", cfg.serving.bench.request_rates)
     return problems
 
 
@@ -752,6 +762,7 @@ def rule_dataset(cfg: StackConfig) -> list[str]:
 
 @reads(
     "serving.bench.enabled",
+    "serving.bench.shapes",
     "serving.enabled",
     "serving.eval.enabled",
     "serving.eval.maxTokens",
@@ -776,13 +787,12 @@ def rule_serving_requests(cfg: StackConfig) -> list[str]:
             f"serving.eval.maxTokens: {eval_section.max_tokens}: leaves no room for the prompt "
             f"in serving.maxModelLen {serving.max_model_len}"
         )
-    shapes = runconfig.BenchRunSection.model_fields["shapes"].default
-    longest = max(i + o for i, o in shapes)
+    longest = max(i + o for i, o in serving.bench.shapes)
     if serving.bench.enabled and longest > serving.max_model_len:
         problems.append(
             f"serving.maxModelLen: {serving.max_model_len}: the benchmark sweep sends requests "
-            f"of up to {longest} tokens (input + output); raise it to {longest} or set "
-            "serving.bench.enabled false"
+            f"of up to {longest} tokens (input + output); raise it to {longest}, shorten "
+            "serving.bench.shapes or set serving.bench.enabled false"
         )
     return problems
 

@@ -538,6 +538,33 @@ class BenchSettings(Settings):
     """The `vllm bench serve` sweep."""
 
     num_prompts: int = pydantic.Field(200, ge=1, description="Prompts per sweep point.")
+    shapes: tuple[tuple[int, int], ...] = pydantic.Field(
+        ((512, 256), (1024, 512), (4096, 512), (8192, 512), (15360, 512)),
+        description="(input_len, output_len) pairs, the sweep's request shapes (default: the "
+        "paper's); the longest input + output must fit serving.maxModelLen.",
+    )
+    # inf is vLLM's "all at once" (a burst); nan is refused by the check below.
+    request_rates: tuple[Annotated[float, pydantic.AllowInfNan(True)], ...] = pydantic.Field(
+        (1, 2, 4, 8, 16, 32, 64, float("inf")), description="Requests per second; inf = burst."
+    )
+
+    @pydantic.field_validator("shapes")
+    @classmethod
+    def _positive_shapes(cls, value: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+        bad = [shape for shape in value if min(shape) <= 0]
+        if bad or not value:
+            raise ValueError(
+                f"shapes must be non-empty (input_len, output_len) pairs > 0; bad: {bad}"
+            )
+        return value
+
+    @pydantic.field_validator("request_rates")
+    @classmethod
+    def _positive_rates(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        bad = [rate for rate in value if not rate > 0]
+        if bad or not value:
+            raise ValueError(f"request_rates must be non-empty and > 0 (inf = burst); bad: {bad}")
+        return value
 
 
 # ---------------------------------------------------------------------------------------------

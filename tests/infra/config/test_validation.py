@@ -502,6 +502,20 @@ CASES = [
         "serving.maxModelLen: 8192: the benchmark sweep sends requests of up to 15872 tokens",
     ),
     (
+        "benchmark-shape-listed-twice",
+        PROD,
+        {"serving": {"bench": {"shapes": [[512, 256], [512, 256]]}}},
+        True,
+        "serving.bench.shapes[1]: (512, 256): already listed as serving.bench.shapes[0]",
+    ),
+    (
+        "benchmark-shape-not-positive",
+        PROD,
+        {"serving": {"bench": {"shapes": [[0, 256]]}}},
+        True,
+        "serving.bench.shapes: ",
+    ),
+    (
         "dataset-on-the-laptop",
         DEV,
         {"data": {"dataset": "/home/me/codev_r1.jsonl"}},
@@ -654,6 +668,15 @@ def test_invalid_config_names_key_value_and_what_is_allowed(base, override, has_
     for problem in info.value.problems:
         assert "\n" not in problem
         assert problem.count(": ") >= 2, problem
+
+
+def test_a_shorter_benchmark_sweep_fits_a_shorter_context():
+    # The sweep's shapes are the stack's: a short one fits a short maxModelLen (a small model).
+    cfg = stack_config.parse_stack_config(
+        _merge(PROD, {"serving": {"maxModelLen": 8192, "bench": {"shapes": [[1024, 512]]}}}),
+        has_hf_token=True,
+    )
+    assert cfg.serving.bench.shapes == ((1024, 512),)
 
 
 def test_valid_variants_pass():
