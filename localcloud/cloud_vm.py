@@ -15,6 +15,7 @@ The product (scripts, units, workloads) is not changed: it meets these only as a
 from __future__ import annotations
 
 import pathlib
+import subprocess
 
 from localcloud import metadata_server
 from localcloud.machine import HOST_CA, Machine
@@ -32,6 +33,12 @@ STAND_INS = (
     "gcloud: a stand-in for storage cp/ls/rsync and secrets (localcloud/guest/gcloud)",
     "GCS: fake-gcs-server (the GCS JSON API; no IAM, no latency)",
     "the Pulumi engine: the program runs under mocks; the SshDeployment provider's code deploys",
+    "docker and the vLLM TPU image: the CPU build of the same vLLM release, run by a docker "
+    "stand-in with tensor/data parallelism 1, the text model's class and eager mode",
+    "GitHub: the serving VM's disk carries the verilog-eval checkout (the three problems the "
+    "wheel ships, named as the pinned commit)",
+    "Docker Hub, get.pulumi.com: not reachable; the benchmark sweep is off (its requests exceed "
+    "the tiny model's context)",
 )
 
 
@@ -109,6 +116,34 @@ class CloudVm:
         for name, value in self.secrets.items():
             m.write(f"/etc/localcloud/secrets/{name}", value, 0o600)
 
+    def install_serving(
+        self, engine_venv: pathlib.Path, verilog_eval_dir: str, verilog_eval_commit: str
+    ) -> None:
+        """The serving VM's stand-ins (before its first boot): `docker` running the CPU build of
+        vLLM from `engine_venv` (the host's, bound read-only at the same path with the Python it
+        was made from), a docker unit for the script's `systemctl enable --now docker`, and
+        GitHub's verilog-eval as a checkout on the disk: the three problems the wheel ships,
+        named as the pinned commit (GitHub is not reachable here; the script keeps a checkout
+        whose HEAD is that commit)."""
+        m = self.machine
+        home = _venv_home(engine_venv)
+        m.bind(home, str(home))
+        m.bind(engine_venv, str(engine_venv))
+        m.write("/usr/local/bin/docker", (GUEST / "docker").read_text(), 0o755)
+        m.write("/etc/systemd/system/docker.service", (GUEST / "docker.service").read_text())
+        m.write("/etc/localcloud/vllm-python", f"{engine_venv / 'bin' / 'python'}\n")
+        sample = (
+            pathlib.Path(__file__).resolve().parents[1] / "workloads/assets/verilog-eval-sample"
+        )
+        target = m.root / verilog_eval_dir.lstrip("/")
+        target.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-r", f"{sample}/.", str(target)], check=True)
+        git = ["git", "-C", str(target), "-c", "user.name=localcloud", "-c", "user.email=l@c"]
+        subprocess.run([*git, "init", "-q"], check=True)
+        subprocess.run([*git, "add", "-A"], check=True)
+        subprocess.run([*git, "commit", "-qm", "verilog-eval sample"], check=True)
+        (target / ".git" / "HEAD").write_text(verilog_eval_commit + "\n")
+
     def boot(self, timeout_s: float = 180.0, *, wait: bool = True) -> float:
         """Boots the VM (its units run the guest agent's jobs); returns the seconds it took
         (with wait=False: until PID 1 runs, as a VM create returns before its boot ends)."""
@@ -120,3 +155,12 @@ class CloudVm:
             return (self.machine.root / "var/log/gemma4-startup.log").read_text(errors="replace")
         except OSError:
             return ""
+
+
+def _venv_home(venv: pathlib.Path) -> pathlib.Path:
+    """The Python installation a venv was made from (pyvenv.cfg's `home` is its bin/)."""
+    for line in (venv / "pyvenv.cfg").read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "home":
+            return pathlib.Path(value.strip()).parent
+    raise FileNotFoundError(f"{venv}/pyvenv.cfg names no home")

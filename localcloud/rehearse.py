@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import pathlib
 import re
@@ -41,8 +42,11 @@ from localcloud import cloud_vm, metadata_server, rootfs, stack_plan
 from localcloud.errors import CannotBoot, MachineError
 from localcloud.machine import Machine
 
-# GCE's Debian 12 image as the boot path sees it, with sshd and sudo (a VM has both).
-VM_PACKAGES = (*rootfs.STOCK_GCE, "openssh-server", "sudo")
+# GCE's Debian 12 image as the boot path sees it, with sshd and sudo (a VM has both), and
+# libnuma1 for the docker stand-in's CPU build of vLLM (the TPU image carries its own).
+VM_PACKAGES = (*rootfs.STOCK_GCE, "openssh-server", "sudo", "libnuma1")
+REPO = pathlib.Path(__file__).resolve().parents[1]
+ENGINE_VENV = REPO / ".venv-serve"  # `bash .ci/setup` makes it
 METADATA_PREFIX = "127.0.1."
 # What a rehearsal owns in its workdir, removed when the next one starts.
 OWNED = ("gcs", "vms", "logs", "ssh", "tiny-model", "data.jsonl")
@@ -96,7 +100,11 @@ class Rehearsal:
         self.storage.root.parent.mkdir(parents=True, exist_ok=True)
         self.storage.start()
         for name in buckets:
-            self.storage.new_bucket(name)
+            try:
+                self.storage.new_bucket(name)
+            except urllib.error.HTTPError as exc:
+                if exc.code != 409:  # 409: there already (a kept objects folder)
+                    raise
         return str(self.storage.url)
 
     def put(self, uri: str, data: bytes) -> None:
@@ -242,6 +250,10 @@ def _wait(what: str, check: Callable[[], bool], timeout_s: float, vm: cloud_vm.C
     )
 
 
+def _unit_done(vm: cloud_vm.CloudVm, unit: str) -> bool:
+    return _unit_state(vm, unit) in ("inactive", "failed")
+
+
 def _unit_state(vm: cloud_vm.CloudVm, unit: str) -> str:
     proc = vm.machine.run(["systemctl", "is-active", unit], check=False)
     return proc.stdout.strip()
@@ -302,13 +314,15 @@ class TrainingCloud:
         _deploy(self.deployment, vm.address, self.key, self.known_hosts)
 
 
-def prepare_training(r: Rehearsal, overlay: dict[str, Any] | None = None) -> TrainingCloud:
+def prepare_training(
+    r: Rehearsal, overlay: dict[str, Any] | None = None, *, serving: bool = False
+) -> TrainingCloud:
     """Stages plan, cloud and image: the program under mocks (the rehearsal's config plus
     `overlay`), the storage server with the stack's buckets, the tiny model and data in them,
     and the Debian 12 tree."""
     key, public_key = _ssh_key(r.workdir)
     with r.stage("plan") as note:
-        config = stack_plan.rehearsal_config(r.stack, public_key, key, serving=False)
+        config = stack_plan.rehearsal_config(r.stack, public_key, key, serving=serving)
         config = stack_plan.merged(config, overlay or {})
         plan = stack_plan.plan(r.stack, config)
         train = plan.vms["train"]
@@ -346,7 +360,7 @@ def prepare_training(r: Rehearsal, overlay: dict[str, Any] | None = None) -> Tra
 
 
 def _life_of_a_run(r: Rehearsal) -> None:
-    cloud = prepare_training(r)
+    cloud = prepare_training(r, serving=True)
     train, tree, run_config = cloud.train, cloud.tree, cloud.run_config
     vm = r.new_vm(train, tree)
     with r.stage("boot") as note:
@@ -376,6 +390,7 @@ def _life_of_a_run(r: Rehearsal) -> None:
         _wait("an intact checkpoint in the bucket", intact, 900, vm)
         note.append(f"step {saved[-1]} saved intact to {run_dir}/checkpoints")
     with r.stage("preempt") as note:
+        r.keep_logs(vm)
         vm.machine.preempt()
         note.append(f"{vm.name} killed (SIGKILL to PID 1) after step {saved[-1]} was saved")
 
@@ -421,8 +436,58 @@ def _life_of_a_run(r: Rehearsal) -> None:
         meta = json.loads(r.get(f"{merged}/merge_metadata.json"))
         note.append(f"{vm2.name}: merged step {meta.get('step', '?')} into {merged}")
         r.ran.append(f"{vm2.name}: startup script (venv from the bucket's archive), resume, merge")
+    r.keep_logs(vm2)
     vm2.machine.preempt()  # done: its units have nothing left to run
+    _serving(r, cloud)
     _controller(r, cloud)
+
+
+def _serving(r: Rehearsal, cloud: TrainingCloud) -> None:
+    """The serving VM boots its startup script (apt, venv, docker, verilog-eval, the merged
+    model staged from the bucket), is deployed to, serves the merged model with the CPU build of
+    vLLM (the docker stand-in), and its eval unit scores it and writes the results."""
+    from infra.config import runconfig_render
+    from infra.vm import startup
+
+    serve = cloud.plan.vms.get("serve")
+    if serve is None or serve.deployment is None:
+        raise RehearsalError("serving.enabled declared no serving VM or deployment")
+    run_config = yaml.safe_load(serve.deployment["run_config_yaml"])
+    vm = r.new_vm(serve, cloud.tree)
+    with r.stage("serve") as note:
+        vm.install_serving(
+            ENGINE_VENV, runconfig_render.VERILOG_EVAL_DIR, startup.VERILOG_EVAL_COMMIT
+        )
+        vm.boot(wait=False)
+        _deploy(serve.deployment, vm.address, cloud.key, cloud.known_hosts)
+        port = run_config["serve"]["port"]
+        _wait("the server's /health", lambda: _healthy(port), 900, vm)
+        note.append(
+            f"{vm.name}: merged model staged, vLLM (CPU build, docker stand-in) healthy on :{port}"
+        )
+    for job in ("eval", "bench"):
+        unit = f"gemma4-{job}.service"
+        if unit not in serve.deployment["units"]:
+            continue
+        results = run_config[job]["results_dir"]
+        with r.stage(job) as note:
+            _wait(f"the {job} unit", functools.partial(_unit_done, vm, unit), 900, vm)
+            if _unit_state(vm, unit) == "failed":
+                raise RehearsalError(f"the {job} unit failed: " + _journal_tail(vm, unit))
+            if not r.list(results):
+                raise RehearsalError(f"the {job} unit wrote nothing to {results}")
+            note.append(f"{vm.name}: {unit} finished, results and report in {results}")
+    r.ran.append(f"{vm.name}: serving startup script, deploy, vLLM serving, eval, bench, report")
+    r.keep_logs(vm)
+    vm.machine.preempt()
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
 
 
 def _controller(r: Rehearsal, cloud: TrainingCloud) -> None:
@@ -458,6 +523,7 @@ def _controller(r: Rehearsal, cloud: TrainingCloud) -> None:
             "download (get.pulumi.com is not reachable here)"
         )
         r.ran.append(f"{vm.name}: the recovery controller's recover.sh, up to the Pulumi CLI")
+        r.keep_logs(vm)
         vm.machine.preempt()
 
 

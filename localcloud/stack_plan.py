@@ -41,6 +41,16 @@ OVERLAY: dict[str, Any] = {
 }
 
 
+# The serving VM at the tiny model's size (a 4,096-token context): 2,048-token requests, a
+# 256-token eval sample, and a one-point benchmark sweep of 4 requests of 128 + 32 tokens.
+SERVING: dict[str, Any] = {
+    "maxModelLen": 2048,
+    "shmWorkingSetGb": 0.5,
+    "eval": {"maxTokens": 256, "n": 1},
+    "bench": {"numPrompts": 4, "shapes": [[128, 32]], "requestRates": [4]},
+}
+
+
 @dataclasses.dataclass
 class VmPlan:
     """One VM as the program declares it.
@@ -89,7 +99,7 @@ def rehearsal_config(
         OVERLAY,
         {
             "ssh": {"publicKey": public_key, "privateKeyFile": str(private_key_file)},
-            "serving": {"enabled": serving},
+            "serving": {"enabled": serving, **(SERVING if serving else {})},
         },
     )
     return merged(mapping, overlay)
