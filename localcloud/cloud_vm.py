@@ -37,8 +37,7 @@ STAND_INS = (
     "stand-in with tensor/data parallelism 1, the text model's class and eager mode",
     "GitHub: the serving VM's disk carries the verilog-eval checkout (the three problems the "
     "wheel ships, named as the pinned commit)",
-    "Docker Hub, get.pulumi.com: not reachable; the benchmark sweep is off (its requests exceed "
-    "the tiny model's context)",
+    "Docker Hub, get.pulumi.com: not reachable (the controller stops at the Pulumi CLI)",
 )
 
 
