@@ -30,7 +30,8 @@ STAND_INS = (
     "the TPU: JAX's CPU backend with 4 devices",
     "the TPU VM image: Debian 12 (systemd 252) in a systemd-nspawn container, not Ubuntu 22.04",
     "google-guest-agent: a unit that creates the ssh-keys users and runs startup-script",
-    "gcloud: a stand-in for storage cp/ls/rsync and secrets (localcloud/guest/gcloud)",
+    "gcloud: a stand-in for storage cp/ls/rsync, secrets and the TPU delete request (recorded) "
+    "(localcloud/guest/gcloud)",
     "GCS: fake-gcs-server (the GCS JSON API; no IAM, no latency)",
     "the Pulumi engine: the program runs under mocks; the SshDeployment provider's code deploys",
     "docker and the vLLM TPU image: the CPU build of the same vLLM release, run by a docker "

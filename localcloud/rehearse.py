@@ -435,7 +435,24 @@ def _life_of_a_run(r: Rehearsal) -> None:
         )
         meta = json.loads(r.get(f"{merged}/merge_metadata.json"))
         note.append(f"{vm2.name}: merged step {meta.get('step', '?')} into {merged}")
-        r.ran.append(f"{vm2.name}: startup script (venv from the bucket's archive), resume, merge")
+        r.ran.append(
+            f"{vm2.name}: startup script (venv from the bucket's archive), resume, merge, release"
+        )
+    if "gemma4-release.service" in cloud.deployment["units"]:
+        with r.stage("release") as note:
+            _wait(
+                "the VM to release itself",
+                lambda: (
+                    "tpu-vm delete " in _gcloud_log(vm2)
+                    and any(n.endswith("/released.json") for n in r.list(run_dir))
+                ),
+                300,
+                vm2,
+            )
+            note.append(
+                f"{vm2.name}: released.json in {run_dir}; asked Cloud TPU to delete "
+                f"{train.node_id} (the gcloud stand-in took the request; the VM goes)"
+            )
     r.keep_logs(vm2)
     vm2.machine.preempt()  # done: its units have nothing left to run
     _serving(r, cloud)
@@ -525,6 +542,13 @@ def _controller(r: Rehearsal, cloud: TrainingCloud) -> None:
         r.ran.append(f"{vm.name}: the recovery controller's recover.sh, up to the Pulumi CLI")
         r.keep_logs(vm)
         vm.machine.preempt()
+
+
+def _gcloud_log(vm: cloud_vm.CloudVm) -> str:
+    try:
+        return (vm.machine.root / "var/log/localcloud-gcloud.log").read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def _console(vm: cloud_vm.CloudVm) -> str:

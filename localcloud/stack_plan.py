@@ -35,6 +35,8 @@ OVERLAY: dict[str, Any] = {
         "remat": "none",
         # The tiny model needs no room in /dev/shm besides itself.
         "shmWorkingSetGb": 0.5,
+        # The VM deletes itself once trained and merged (the gcloud stand-in takes the request).
+        "releaseWhenDone": True,
     },
     # The tiny model's context is 4,096 tokens.
     "serving": {"maxModelLen": 1024},
