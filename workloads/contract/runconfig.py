@@ -230,6 +230,7 @@ class BenchRunSection(settings.BenchSettings):
         (), description="Extra `vllm bench serve` arguments."
     )
 
+
 class EvalRunSection(settings.EvalSettings):
     """verilog-eval spec-to-rtl pass@k against the served endpoint."""
 
