@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import os
 import pathlib
 import re
 import shutil
@@ -74,6 +75,7 @@ class Rehearsal:
         self.vms: list[cloud_vm.CloudVm] = []
         self.servers: list[metadata_server.MetadataServer] = []
         self.storage: Any = None
+        self._saved_env: dict[str, str | None] = {}
         self.addresses = 0
         self.ran: list[str] = []
 
@@ -93,19 +95,27 @@ class Rehearsal:
 
     # -- the cloud ---------------------------------------------------------------------------
 
-    def start_storage(self, buckets: list[str]) -> str:
-        from workloads.common.gcs_server import GcsServer
+    def start_storage(self) -> str:
+        """Starts the GCS protocol server and points this process's gcsfs and TensorStore at
+        it (restored by close): the program's own gs:// reads (released.json with
+        releaseWhenDone) go to the stack's buckets here as they go to GCS on a real `up`."""
+        from workloads.common import gcs_server
 
-        self.storage = GcsServer(self.workdir / "gcs" / "objects")
+        self.storage = gcs_server.GcsServer(self.workdir / "gcs" / "objects")
         self.storage.root.parent.mkdir(parents=True, exist_ok=True)
         self.storage.start()
+        names = (*gcs_server.ENV_VARS, gcs_server.HNS_ENV)
+        self._saved_env = {name: os.environ.get(name) for name in names}
+        gcs_server.point_clients_at(self.storage.url)
+        return str(self.storage.url)
+
+    def add_buckets(self, buckets: list[str]) -> None:
         for name in buckets:
             try:
                 self.storage.new_bucket(name)
             except urllib.error.HTTPError as exc:
                 if exc.code != 409:  # 409: there already (a kept objects folder)
                     raise
-        return str(self.storage.url)
 
     def put(self, uri: str, data: bytes) -> None:
         bucket, _, name = uri.removeprefix("gs://").partition("/")
@@ -173,6 +183,16 @@ class Rehearsal:
         if self.storage is not None:
             self.storage.kill()
         self.vms, self.servers, self.storage = [], [], None
+        for name, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        if self._saved_env:
+            from workloads.common import gcs_server
+
+            gcs_server.clear_gcsfs_state()
+        self._saved_env = {}
 
 
 def _bindable(address: str, port: int) -> bool:
@@ -322,6 +342,7 @@ def prepare_training(
     and the Debian 12 tree."""
     key, public_key = _ssh_key(r.workdir)
     with r.stage("plan") as note:
+        storage = r.start_storage()
         config = stack_plan.rehearsal_config(r.stack, public_key, key, serving=serving)
         config = stack_plan.merged(config, overlay or {})
         plan = stack_plan.plan(r.stack, config)
@@ -333,7 +354,7 @@ def prepare_training(
         from workloads.data import synthetic
         from workloads.model import tiny_model
 
-        storage = r.start_storage(plan.buckets)
+        r.add_buckets(plan.buckets)
         script = train.metadata["startup-script"]
         model_uri = _script_value(script, "MODEL_URI")
         marker_uri = _script_value(script, "MODEL_MARKER_URI")
