@@ -37,7 +37,7 @@ class Machine:
         name: the machine's hostname.
         disk: the overlay's upper directory (what this machine wrote).
         root: the merged tree the container runs on (valid while mounted).
-        console: the container's console output (systemd's boot messages).
+        console: the container's console output (systemd's boot messages), next to workdir.
     """
 
     def __init__(self, tree: pathlib.Path, workdir: pathlib.Path, name: str = "localcloud") -> None:
@@ -46,7 +46,8 @@ class Machine:
         self.workdir = workdir
         self.disk = workdir / "disk"
         self.root = workdir / "root"
-        self.console = workdir / "console.log"
+        # Beside the disk, not on it: a full disk must not also stop nspawn's console output.
+        self.console = workdir.parent / f"{workdir.name}.console.log"
         self.binds: list[str] = []
         self.nspawn: subprocess.Popen[bytes] | None = None
         self.leader = 0
