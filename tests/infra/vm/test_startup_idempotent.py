@@ -133,7 +133,8 @@ def test_training_staging_skips_a_complete_copy_and_redoes_an_interrupted_one(tm
     assert len(_calls(tmp, "")) == before
 
 
-def test_training_staging_without_a_model_and_without_hub_download_fails_clearly(tmp):
+def _script_without_hub_download(tmp: pathlib.Path) -> str:
+    """The dev training script with no hf token (no hub download), staging gs://bucket's model."""
     cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("dev"))
     context = startup.train_context(cfg, has_hf_secret=False)
     context |= {
@@ -141,7 +142,11 @@ def test_training_staging_without_a_model_and_without_hub_download_fails_clearly
         "model_uri": "gs://bucket/models/gemma-4-31b",
         "model_marker_uri": "gs://bucket/models/gemma-4-31b.complete",
     }
-    script = templating.render("startup/train.sh.j2", **context)
+    return templating.render("startup/train.sh.j2", **context)
+
+
+def test_training_staging_without_a_model_and_without_hub_download_fails_clearly(tmp):
+    script = _script_without_hub_download(tmp)
     rc, output = _run(tmp, script, "ensure_base_model 1")
     assert rc == 1
     assert "ERROR: no model at gs://bucket/models/gemma-4-31b" in output
@@ -230,14 +235,7 @@ def test_serving_weights_from_the_bucket_are_not_staged_and_the_stage_says_so(tm
 def test_an_unreachable_bucket_is_not_taken_for_a_missing_model(tmp):
     # Before: `gcloud storage ls` failing for a network outage read as "no model there", and the
     # boot stopped with "no model at ..." (or went to the hub), naming the wrong cause.
-    cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("dev"))
-    context = startup.train_context(cfg, has_hf_secret=False)
-    context |= {
-        "stage_dir": str(tmp / "shm" / "base"),
-        "model_uri": "gs://bucket/models/gemma-4-31b",
-        "model_marker_uri": "gs://bucket/models/gemma-4-31b.complete",
-    }
-    script = templating.render("startup/train.sh.j2", **context)
+    script = _script_without_hub_download(tmp)
     (tmp / "gcs" / "unreachable").parent.mkdir(parents=True, exist_ok=True)
     (tmp / "gcs" / "unreachable").touch()
     rc, output = _run(tmp, script, "ensure_base_model 1")
