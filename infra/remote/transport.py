@@ -189,20 +189,23 @@ def wait_ready(
 
 
 # One round trip per poll: "ready", "failed <the boot-failed marker's line>", or nothing yet.
+# $2 is the marker on the boot disk, $3 its copy in RAM (the only one when the disk is full).
 READY_PROBE = (
-    'if [ -e "$1" ]; then echo ready; elif [ -e "$2" ]; then printf "failed "; head -n 1 "$2"; fi'
+    'if [ -e "$1" ]; then echo ready; '
+    'elif [ -e "$2" ]; then printf "failed "; head -n 1 "$2"; '
+    'elif [ -e "$3" ]; then printf "failed "; head -n 1 "$3"; fi'
 )
 
 # Runs the kept copy of the startup script detached from the SSH session (it outlives it, as
 # the guest agent's run does); its begin() removes the boot-failed marker and takes the lock.
 RERUN = (
     '[ -f "$1" ] || { echo "$1 is missing (the boot stopped before keeping it)" >&2; exit 1; }; '
-    'rm -f "$2" && setsid -f /bin/bash "$1" </dev/null >/dev/null 2>&1'
+    'rm -f "$2" "$3" && setsid -f /bin/bash "$1" </dev/null >/dev/null 2>&1'
 )
 
 
 def _probe_paths(layout: RemoteLayout) -> list[str]:
-    return [layout.ready_marker, layout.boot_failed_marker]
+    return [layout.ready_marker, layout.boot_failed_marker, layout.boot_failed_note]
 
 
 def rerun_startup(conn: fabric.Connection, layout: RemoteLayout, sudo: bool) -> None:
@@ -211,7 +214,15 @@ def rerun_startup(conn: fabric.Connection, layout: RemoteLayout, sudo: bool) -> 
     Raises:
         BootFailed: there is no copy to run (the boot stopped before keeping one).
     """
-    argv = ["sh", "-c", RERUN, "rerun", layout.startup_script_copy, layout.boot_failed_marker]
+    argv = [
+        "sh",
+        "-c",
+        RERUN,
+        "rerun",
+        layout.startup_script_copy,
+        layout.boot_failed_marker,
+        layout.boot_failed_note,
+    ]
     result = conn.run(shlex.join(as_root(argv, sudo)), warn=True, hide=True, in_stream=False)
     if not result.ok:
         raise BootFailed(

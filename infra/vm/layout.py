@@ -102,6 +102,13 @@ class RemoteLayout:
         return posixpath.join(self.state_dir, "boot-failed")
 
     @property
+    def boot_failed_note(self) -> str:
+        """The same line in RAM (/run, a tmpfs): written first, so a boot disk full to the
+        last byte, where the marker above cannot be written, still ends the wait in seconds.
+        Gone at the next boot, as the failure it describes."""
+        return self.path("run/gemma4/boot-failed")
+
+    @property
     def stages_file(self) -> str:
         """Stage records of every boot (workloads/common/stage_records.py): the startup script's,
         the uploads' after ready and the trainer's, one JSON line each."""

@@ -26,6 +26,7 @@ PYTHON = "python3.11"
 VENV_DIR = WORKER.venv
 READY_MARKER = WORKER.ready_marker
 BOOT_FAILED_MARKER = WORKER.boot_failed_marker
+BOOT_FAILED_NOTE = WORKER.boot_failed_note
 ENV_FILE = WORKER.env_file
 RUN_CONFIG_PATH = WORKER.config_path
 LOG_FILE = WORKER.startup_log
@@ -199,6 +200,7 @@ def _common(
         "uv_requirement": pinned("uv"),
         "ready_marker": READY_MARKER,
         "boot_failed_marker": BOOT_FAILED_MARKER,
+        "boot_failed_note": BOOT_FAILED_NOTE,
         "env_file": ENV_FILE,
         "log_file": LOG_FILE,
         "state_dir": WORKER.state_dir,

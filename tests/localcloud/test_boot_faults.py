@@ -1,9 +1,9 @@
 """Faults at boot, on the local cloud: the dev stack's training VM (the program's own startup
 script, under the guest agent's unit, deployed to by the SshDeployment provider's code) while
 the metadata server answers 503, the VM is killed in the middle of its startup script, /dev/shm
-cannot hold what the stack stages, or the bucket is unreachable. Each ends in a working VM after
-the next boot or deploy, or in one line naming the cause within seconds: never in an hour of
-waiting while the TPU bills.
+cannot hold what the stack stages, the bucket is unreachable, or the boot disk is full. Each
+ends in a working VM after the next boot or deploy, or in one line naming the cause within
+seconds: never in an hour of waiting while the TPU bills.
 
 Every case boots a real Debian 12 container (about a minute each: apt, the venv by uv), so they
 are slow tests; CI runs them (`.ci/run`'s slow phase).
@@ -11,7 +11,11 @@ are slow tests; CI runs them (`.ci/run`'s slow phase).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pathlib
+import re
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +25,7 @@ import pytest
 from infra.remote.errors import DeployError
 from localcloud import rehearse
 from localcloud.errors import CannotBoot
+from tests.fixtures.tmpfs import mount_tmpfs
 
 pytestmark = pytest.mark.slow
 
@@ -141,3 +146,48 @@ def test_a_vm_killed_during_the_deploys_switch_converges_on_the_next_deploy(clou
     assert active.stdout.strip() in ("active", "activating")
     current = vm.machine.run(["readlink", "-f", "/opt/gemma4/current"], check=False).stdout
     assert "/releases/" in current
+
+
+def keep_full(path: pathlib.Path, stop: threading.Event) -> None:
+    """Keeps the file system of `path` full to the last byte (a runaway log, say): whatever a
+    failing step frees is taken again within a fifth of a second."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        while not stop.is_set():
+            for block in (1 << 20, 4096):
+                with contextlib.suppress(OSError):
+                    while os.write(fd, b"\0" * block):
+                        pass
+            stop.wait(0.2)
+    finally:
+        os.close(fd)
+
+
+def test_a_boot_disk_full_to_the_last_byte_is_one_line_naming_it(cloud):
+    # The VM's disk is a 400 MB tmpfs, kept full from the venv stage on: the boot-failed marker
+    # on it cannot be written either; its copy in /run (RAM) ends the wait.
+    training = rehearse.prepare_training(cloud)
+    vm = cloud.new_vm(training.train, training.tree)
+    if not mount_tmpfs(vm.machine.workdir, "400m"):
+        pytest.fail("cannot mount a tmpfs for the VM's disk (needs root)", pytrace=False)
+    stop = threading.Event()
+    try:
+        vm.boot(wait=False)
+        started = time.monotonic()
+        wait_for_log(vm, "stage venv started")
+        filler = threading.Thread(target=keep_full, args=(vm.machine.disk / "filler", stop))
+        filler.start()
+        with pytest.raises(DeployError) as caught:
+            training.deploy(vm)
+        took = time.monotonic() - started
+        on_disk = vm.machine.run(["cat", "/var/lib/gemma4/boot-failed"], check=False)
+    finally:
+        stop.set()
+        cloud.close()
+        subprocess.run(["umount", "-l", str(vm.machine.workdir)], check=False)
+
+    message = str(caught.value)
+    assert "failed at boot" in message
+    assert re.search(r"the boot disk is full \(0 MiB free on /\)", message), message
+    assert on_disk.stdout == ""  # the disk had no room for the marker: RAM's copy was read
+    assert took < 300

@@ -11,6 +11,8 @@ readonly VENV_DIR=/opt/gemma4/venv
 readonly READY_MARKER=/var/lib/gemma4/ready
 # One line (the stage and this log) when a boot stops before ready: the deploy reads it.
 readonly BOOT_FAILED_MARKER=/var/lib/gemma4/boot-failed
+# The same line in RAM, written first: on a boot disk full to the last byte it is the only one.
+readonly BOOT_FAILED_NOTE=/run/gemma4/boot-failed
 readonly ENV_FILE=/etc/gemma4/env
 readonly LOG_FILE=/var/log/gemma4-startup.log
 # Stage records (workloads/common/stage_records.py documents the format): one JSON line per start and end.
@@ -392,7 +394,7 @@ begin() {
   exec > >(tee -a "$LOG_FILE") 2>&1
   exec 9>/var/lock/gemma4-startup.lock
   flock 9
-  rm -f "$READY_MARKER" "$BOOT_FAILED_MARKER"
+  rm -f "$READY_MARKER" "$BOOT_FAILED_MARKER" "$BOOT_FAILED_NOTE"
   trap 'boot_ended $?' EXIT
   stage_start boot "$(kernel_boot_time)"
   stage_end true
@@ -418,7 +420,7 @@ keep_script() {
 # $BOOT_FAILED_MARKER (what the deploy's readiness wait reports, in seconds, instead of polling
 # for an hour).
 boot_ended() {
-  local status=$1 stage=${STAGE:-startup} cause free_mb
+  local status=$1 stage=${STAGE:-startup} cause free_mb line
   stage_end false "the startup script stopped here"
   if [ "$status" -ne 0 ] && [ ! -e "$READY_MARKER" ]; then
     # The log's last line is what the failing step said (ensure_shm names the stack key, a
@@ -430,10 +432,17 @@ boot_ended() {
     if [ -n "$free_mb" ] && [ "$free_mb" -lt 256 ]; then
       cause="the boot disk is full ($free_mb MiB free on /): $cause"
     fi
-    printf 'stage %s failed (exit %s) at %s on %s: %s; log %s\n' "$stage" "$status" \
-      "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$(hostname)" "${cause:-no output}" "$LOG_FILE" \
-      >"$BOOT_FAILED_MARKER.tmp" && mv "$BOOT_FAILED_MARKER.tmp" "$BOOT_FAILED_MARKER"
+    line=$(printf 'stage %s failed (exit %s) at %s on %s: %s; log %s' "$stage" "$status" \
+      "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$(hostname)" "${cause:-no output}" "$LOG_FILE")
+    write_marker "$BOOT_FAILED_NOTE" "$line" || true
+    write_marker "$BOOT_FAILED_MARKER" "$line" || rm -f "$BOOT_FAILED_MARKER.tmp"
   fi
+}
+
+# write_marker PATH LINE: PATH holds LINE whole or is left as it was (a full disk fails the
+# temporary file, never a half-written marker).
+write_marker() {
+  mkdir -p "$(dirname "$1")" && printf '%s\n' "$2" >"$1.tmp" && mv "$1.tmp" "$1"
 }
 
 finish() {

@@ -44,10 +44,20 @@ def test_a_boot_that_failed_during_the_wait_ends_it_in_one_line(worker: Worker) 
     assert "stage python failed (exit 1)" in message and layout.startup_log in message
 
 
+def test_the_copy_in_ram_alone_ends_the_wait(worker: Worker) -> None:
+    # A boot disk full to the last byte: only the line in /run could be written.
+    layout = _layout(worker)
+    conn = ssh.connect(worker.host, worker.settings)
+    _write(layout.boot_failed_note, LINE + "\n")
+    with pytest.raises(BootFailed, match=r"stage python failed \(exit 1\)"):
+        remote.wait_ready(conn, layout, timeout_s=3600, rerun_failed=False)
+
+
 def test_a_later_deploy_runs_the_startup_script_again_instead_of_waiting(worker: Worker) -> None:
     layout = _layout(worker)
     conn = ssh.connect(worker.host, worker.settings)
     _write(layout.boot_failed_marker, LINE + "\n")
+    _write(layout.boot_failed_note, LINE + "\n")
     # The kept copy of the startup script: this time the boot gets to ready.
     _write(
         layout.startup_script_copy,
@@ -57,6 +67,7 @@ def test_a_later_deploy_runs_the_startup_script_again_instead_of_waiting(worker:
     remote.wait_ready(conn, layout, timeout_s=60, initial_delay_s=0.5, max_delay_s=1)
     assert (worker.root / "runs").read_text() == "again\n"
     assert not pathlib.Path(layout.boot_failed_marker).exists()
+    assert not pathlib.Path(layout.boot_failed_note).exists()
 
 
 def test_no_copy_to_run_again_is_one_line(worker: Worker) -> None:
