@@ -93,7 +93,13 @@ class KillWhen:
         self.worker, self.moment, self.timeout_s = worker, moment, timeout_s
 
     def start(self) -> None:
-        threading.Thread(target=self._watch, daemon=True).start()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def join(self) -> None:
+        """Waits until the watcher is done: the deploy sees its connection drop as soon as the
+        kill lands, while stop() is still reaping the worker (and before `fired` is set)."""
+        self.thread.join(timeout=self.timeout_s + 30)
 
     def _watch(self) -> None:
         deadline = time.monotonic() + self.timeout_s
@@ -154,7 +160,8 @@ def test_a_worker_killed_during_pip_install_converges_on_the_next_deploy(
     hook.actions[(host(worker), "install")] = killer.start
     with pytest.raises(remote.DeployError) as caught:
         deploy([worker], new, hook)
-    assert killer.fired.is_set()
+    killer.join()
+    assert killer.fired.is_set(), f"steps {hook.steps()}: {caught.value}"
     assert f"{host(worker)}: step 'install' failed (connection failed)" in str(caught.value)
     release_dir = worker.root / "opt/gemma4/releases" / new.release
     assert not (release_dir / "COMPLETE").exists()
