@@ -26,23 +26,30 @@ import pulumi_gcp as gcp
 
 from infra.components import secret as secret_mod
 from infra.components import service_account as sa_mod
+from infra.config import iam_catalogue
 from infra.vm import source_archive, startup, templating
 from workloads.contract import catalog
 
-# What creating, replacing and deleting a TPU node (directly or through a queued resource) and
-# reading its operations needs; nothing else of Cloud TPU.
-RECOVER_PERMISSIONS = (
-    "tpu.nodes.create",
-    "tpu.nodes.delete",
-    "tpu.nodes.get",
-    "tpu.nodes.list",
-    "tpu.nodes.update",
-    "tpu.operations.get",
-    "tpu.queuedResources.create",
-    "tpu.queuedResources.delete",
-    "tpu.queuedResources.get",
-    "tpu.queuedResources.list",
+# The Cloud TPU REST methods a recovery calls: the controller's `pulumi up --replace` runs the
+# TpuNode provider (infra/resources/tpu_node.py: placement reads the node and its queued
+# resources, deletes them, creates the node directly or through a queued resource, updates its
+# metadata in place, and waits on each long-running operation) and its watch reads the node.
+RECOVER_METHODS = (
+    "projects.locations.nodes.create",
+    "projects.locations.nodes.delete",
+    "projects.locations.nodes.get",
+    "projects.locations.nodes.patch",
+    "projects.locations.queuedResources.create",
+    "projects.locations.queuedResources.delete",
+    "projects.locations.queuedResources.get",
+    "projects.locations.queuedResources.list",
+    "projects.locations.operations.get",
 )
+# What those methods need on the project, nothing else of Cloud TPU. Cloud TPU has no
+# tpu.queuedResources.* permissions (a role naming one is refused): the queued-resource methods
+# are authorized by tpu.nodes.*. Attaching the VMs' account to the new node (actAs) is granted
+# on that account alone (roles/iam.serviceAccountUser below), not here.
+RECOVER_PERMISSIONS = iam_catalogue.permissions_of(*RECOVER_METHODS)
 IMAGE = "debian-cloud/debian-12"
 DISK_GB = 10
 # The swap file the startup script makes: the peak of a recovery (program, provider, watch,

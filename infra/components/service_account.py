@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import pulumi
 import pulumi_gcp as gcp
 
+from infra.config import iam_catalogue
+
 PROJECT_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter")
 # The OAuth scope every VM of the stack gets with its service account: IAM alone decides.
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
@@ -87,8 +89,18 @@ class VmServiceAccount(pulumi.ComponentResource):
 # (training.releaseWhenDone), the serving VM stops it after its time limit
 # (serving.stopAfterHours). A custom role with only what the stack asks for; granted on the
 # project (Cloud TPU has no per-node IAM), and not at all when neither is asked.
-RELEASE_PERMISSIONS = ("tpu.nodes.get", "tpu.nodes.delete", "tpu.operations.get")
-STOP_PERMISSIONS = ("tpu.nodes.get", "tpu.nodes.stop", "tpu.operations.get")
+# The REST methods `gcloud compute tpus tpu-vm delete|stop` sends (it reads the node first and
+# may poll the operation), and the permissions the catalogue says they need.
+RELEASE_PERMISSIONS = iam_catalogue.permissions_of(
+    "projects.locations.nodes.get",
+    "projects.locations.nodes.delete",
+    "projects.locations.operations.get",
+)
+STOP_PERMISSIONS = iam_catalogue.permissions_of(
+    "projects.locations.nodes.get",
+    "projects.locations.nodes.stop",
+    "projects.locations.operations.get",
+)
 
 
 def custom_role_grant(

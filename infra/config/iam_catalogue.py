@@ -370,6 +370,12 @@ def tpu_method_permissions(method: str, *, with_service_account: bool = False) -
     return TPU_METHOD_PERMISSIONS[method] + extra
 
 
+def permissions_of(*methods: str) -> tuple[str, ...]:
+    """The project permissions the Cloud TPU REST `methods` need together, sorted, each once
+    (what a custom role for a component that calls them holds)."""
+    return tuple(sorted({p for m in methods for p in tpu_method_permissions(m)}))
+
+
 def role_permissions(role: str) -> frozenset[str]:
     """The permissions of the predefined `role` (roles/...) as PREDEFINED_ROLES lists them.
 
