@@ -14,6 +14,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra.config import iam_catalogue
+from infra.resources import role_id as role_id_mod
 
 PROJECT_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter")
 # The OAuth scope every VM of the stack gets with its service account: IAM alone decides.
@@ -117,13 +118,20 @@ def custom_role_grant(
     """A project custom role with exactly `permissions` (`<name>-role`), granted to `member`
     (`<name>-member`). Characters a role id cannot hold become '_'.
 
+    The role's id is `<role_id>_<suffix>` (`<name>-role-id`, infra/resources/role_id.py): GCP
+    refuses a deleted role's id for 37 days, so a role created again after a destroy or a
+    toggle gets a new suffix; while it lives, it keeps its own.
+
     Returns:
         The grant (what a resource that needs the permissions depends on).
     """
+    rid = role_id_mod.CustomRoleId(
+        f"{name}-role-id", project, re.sub(r"[^A-Za-z0-9_]", "_", role_id), opts=opts
+    )
     role = gcp.projects.IAMCustomRole(
         f"{name}-role",
         project=project,
-        role_id=re.sub(r"[^A-Za-z0-9_]", "_", role_id),
+        role_id=rid.role_id,
         title=title,
         description=description,
         permissions=sorted(set(permissions)),

@@ -8,6 +8,7 @@ import gzip
 import hashlib
 import json
 import pathlib
+import re
 import shutil
 import subprocess
 import tarfile
@@ -120,10 +121,10 @@ def test_it_holds_only_what_recreating_a_node_needs(rec) -> None:
     project_roles = sorted(
         r.inputs["role"] for r in rec.of_type(PROJECT_IAM) if r.inputs["member"] == recover_member
     )
-    assert project_roles == [
-        f"projects/{cfg.project}/roles/gemma4Recover_{cfg.name_prefix.replace('-', '_')}",
-        "roles/logging.logWriter",
-    ]
+    # The role's id carries the suffix of its creation (infra/resources/role_id.py).
+    role_id = roles[0].inputs["roleId"]
+    assert re.fullmatch(f"gemma4Recover_{cfg.name_prefix.replace('-', '_')}_[0-9a-f]{{8}}", role_id)
+    assert project_roles == [f"projects/{cfg.project}/roles/{role_id}", "roles/logging.logWriter"]
     act_as = rec.one(SA_IAM).inputs
     assert act_as["role"] == "roles/iam.serviceAccountUser"
     assert act_as["serviceAccountId"].endswith(

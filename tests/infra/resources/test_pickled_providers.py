@@ -19,7 +19,7 @@ from typing import Any
 import dill
 import pytest
 
-from infra.resources import ssh_deployment, tpu_node
+from infra.resources import role_id, ssh_deployment, tpu_node
 from infra.vm import workloads_wheel
 from tests.fixtures.pickled_providers import make_fixture
 from tests.fixtures.sshd import Worker
@@ -36,6 +36,7 @@ PICKLES = {
 CURRENT = {
     tpu_node.TpuNodeProvider: "TPU node",
     ssh_deployment.SshDeploymentProvider: "SSH deployment",
+    role_id.CustomRoleIdProvider: "custom role id",
 }
 
 
@@ -105,3 +106,17 @@ def test_an_old_deployment_provider_stops_the_job_on_delete(
     assert old.read(created.id, created.outs or {}).id == created.id
     old.delete(created.id, created.outs or {})
     assert not list((worker.root / "etc/systemd/system").iterdir())
+
+
+@pytest.mark.parametrize(
+    ("commit", "name"), sorted(k for k in PICKLES if k[1].endswith("CustomRoleIdProvider"))
+)
+def test_an_old_custom_role_id_provider_keeps_its_id_and_deletes(commit: str, name: str) -> None:
+    """A custom role's id stored by an earlier version: a new draw of the suffix is no change,
+    and its delete (nothing in the cloud) runs."""
+    outs = {"project": "p", "base": "gemma4SelfService_gemma4_dev", "suffix": "0123abcd"}
+    old = load(PICKLES[commit, name])
+    assert not old.diff(
+        "gemma4SelfService_gemma4_dev_0123abcd", outs, outs | {"suffix": "f0"}
+    ).changes
+    old.delete("gemma4SelfService_gemma4_dev_0123abcd", outs)
