@@ -2,11 +2,11 @@
 
 Pulumi stores each dynamic provider in the state with dill, by reference to its module, and
 hands Delete and Read the provider pickled in the OLD state. tests/fixtures/pickled_providers/
-holds the providers as three versions pickled them (0fc82a2: before the SSH deployment's rename;
-d228f76: before infra/ was laid out by concern; 678bbda: before its folders were layered), made by
-make_fixture.py there. Every one must load in today's tree and run Delete and Read; and every
-provider of today's tree must be in a fixture, so that moving one fails here until its new path
-is recorded and the old one keeps a shim.
+holds the providers as four versions pickled them (0fc82a2: before the SSH deployment's rename;
+d228f76: before infra/ was laid out by concern; 678bbda: before its folders were layered; 32d218c:
+the custom role id's provider added), made by make_fixture.py there. Every one must load in
+today's tree and run Delete and Read; and every provider of today's tree must be in a fixture, so
+that moving one fails here until its new path is recorded and the old one keeps a shim.
 """
 
 from __future__ import annotations
