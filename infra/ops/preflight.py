@@ -6,7 +6,9 @@
 For every TPU VM of the stack: the accelerator type and the runtime version are offered in the
 configured zone, and no node of the same name is left in PREEMPTED state (a preempted spot node
 is not restarted by anything and blocks re-creation). It also refuses the placeholders of the
-checked-in stack files. It changes nothing and ends with one verdict line.
+checked-in stack files, and asks IAM whether the project can hold every permission of the
+stack's custom roles (infra/ops/iam_preflight.py; not reaching IAM is a warning). It changes
+nothing and ends with one verdict line.
 
 `--compile` instead compiles the stack's training step for its TPU topology on this machine, with
 no TPU and no cloud calls (infra/ops/compile_check.py): per-chip peak HBM, FLOPs, XLA's estimated
@@ -27,7 +29,7 @@ from typing import Any, Protocol
 
 from infra.config import model as config_mod
 from infra.config import sizing, stack_config, validation
-from infra.ops import compile_check, stack_client
+from infra.ops import compile_check, iam_preflight, stack_client
 from workloads.common import cli_options
 from workloads.contract import catalog
 
@@ -235,13 +237,22 @@ def run_preflight(
     client_factory: Callable[[], TpuReads],
     *,
     has_hf_token: bool | None = None,
+    iam_session_factory: Callable[[], iam_preflight.Session] | None = None,
+    warn: Callable[[str], None] = print,
 ) -> list[Check]:
     """Every check of a validated config, in order. The client is created only when the
-    project is not the placeholder; failing to create it (no credentials) is a failed check."""
+    project is not the placeholder; failing to create it (no credentials) is a failed check.
+    With `iam_session_factory`, the custom roles' permissions are asked of IAM too (a warning
+    line through `warn` when IAM cannot be reached)."""
     checks = [Check(False, p) for p in validation.rule_hf_token(cfg, has_hf_token)]
     checks += check_placeholders(cfg)
     if cfg.project == config_mod.PLACEHOLDER_PROJECT:
         return checks  # the API calls would only fail on a project that does not exist
+    if iam_session_factory is not None:
+        report = iam_preflight.check_roles(cfg, iam_session_factory)
+        for line in report.warnings:
+            warn(f"WARN  {line}")
+        checks += [Check(ok, line) for ok, line in report.checks]
     try:
         client = client_factory()
     except Exception as exc:
@@ -349,7 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(
-    argv: list[str] | None = None, client_factory: Callable[[], TpuReads] = _real_client
+    argv: list[str] | None = None,
+    client_factory: Callable[[], TpuReads] = _real_client,
+    iam_session_factory: Callable[[], iam_preflight.Session] = iam_preflight.google_session,
 ) -> int:
     """Exit status: 0 = all checks passed, 1 = a check failed, 2 = the stack config is invalid."""
     args = build_parser().parse_args(argv)
@@ -377,7 +390,12 @@ def main(
     for warning in validation.cross_region_fallbacks(cfg):
         print(f"WARN  {warning}")
     ok, report = verdict(
-        run_preflight(cfg, client_factory, has_hf_token=stack_config.stack_file_has_hf_token(path))
+        run_preflight(
+            cfg,
+            client_factory,
+            has_hf_token=stack_config.stack_file_has_hf_token(path),
+            iam_session_factory=iam_session_factory,
+        )
     )
     print(report)
     return 0 if ok else 1
