@@ -39,6 +39,11 @@ class Instance:
     zone: str
     project: str
     attributes: dict[str, str]
+    service_account: str = ""
+    """The email of the account the node runs as (default: a stand-in `vm@` account)."""
+    token: str = "localcloud"  # noqa: S105 - a stand-in, not a credential
+    """The access token handed out for that account; the local Cloud TPU API knows whose it is
+    (localcloud/iam.py), so a VM's TPU calls are checked against its account's grants."""
 
     def answer(self, path: str) -> str | None:
         """The value at `path` (below computeMetadata/v1/), or None (404)."""
@@ -49,11 +54,13 @@ class Instance:
             "instance/zone": f"projects/{PROJECT_NUMBER}/zones/{self.zone}",
             "project/project-id": self.project,
             "project/numeric-project-id": PROJECT_NUMBER,
-            # gcloud and google-auth ask for a token; the stand-ins accept any (there is no IAM).
+            # gcloud and google-auth ask for a token: the local TPU API maps it to the account;
+            # the storage stand-in accepts any (fake-gcs-server has no IAM).
             "instance/service-accounts/default/token": json.dumps(
-                {"access_token": "localcloud", "expires_in": 3599, "token_type": "Bearer"}
+                {"access_token": self.token, "expires_in": 3599, "token_type": "Bearer"}
             ),
-            "instance/service-accounts/default/email": f"vm@{self.project}.iam.gserviceaccount.com",
+            "instance/service-accounts/default/email": self.service_account
+            or f"vm@{self.project}.iam.gserviceaccount.com",
         }
         if path in fixed:
             return fixed[path]
@@ -114,6 +121,10 @@ class MetadataServer:
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
         self._thread.start()
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
 
     def fail_for(self, seconds: float) -> None:
         """Answers 503 to everything for the next `seconds`."""

@@ -23,4 +23,5 @@ pytest_plugins: list[str] = [
     "tests.fixtures.gcs_server",
     "tests.fixtures.gcs_faults",
     "tests.fixtures.localcloud",
+    "tests.fixtures.tpu_api",
 ]

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from infra.config import model as config_mod
 from infra.config import sizing, stack_config, validation
 from infra.ops import compile_check, iam_preflight, stack_client
+from infra.tpu import api as tpu_api
 from workloads.common import cli_options
 from workloads.contract import catalog
 
@@ -329,10 +330,9 @@ def _compile_check(stack: str, cfg: config_mod.StackConfig, depths: tuple[int, .
 
 def _real_client() -> TpuReads:
     try:
-        from google.cloud import tpu_v2
+        client: TpuReads = tpu_api.tpu_client()
     except ImportError:
         raise SystemExit("preflight needs google-cloud-tpu: pip install -e '.[infra]'") from None
-    client: TpuReads = tpu_v2.TpuClient()
     return client
 
 

@@ -7,6 +7,7 @@ state; the commands take the client as a parameter, so the tests hand them fakes
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -14,6 +15,12 @@ from infra.errors import CloudRefused, OpsError
 from workloads.common.errors import exception_line
 
 T = TypeVar("T")
+# gcloud's own setting for another Cloud TPU endpoint (`https://tpu.googleapis.com/` by
+# default). The project's client reads the same variable, so one setting points gcloud on a VM
+# and the Python client on the operator's machine at another server: the local cloud's Cloud TPU
+# API (localcloud/tpu_api.py) in a rehearsal. There is no other switch: the same calls, the same
+# transport and Application Default Credentials either way.
+ENDPOINT_ENV = "CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU"
 
 
 class TpuApi(Protocol):
@@ -26,17 +33,29 @@ def node_path(project: str, zone: str, node: str) -> str:
     return f"projects/{project}/locations/{zone}/nodes/{node}"
 
 
-def new_client(factory: Callable[[], TpuApi] | None) -> TpuApi:
-    """A TPU API client (`factory`, or google.cloud.tpu_v2.TpuClient).
+def tpu_client() -> Any:
+    """google.cloud.tpu_v2.TpuClient over REST (what gcloud speaks too, and what a local server
+    can answer), at the endpoint ENDPOINT_ENV names, else Google's; Application Default
+    Credentials.
 
     Raises:
         Exception: whatever creating it raised (credentials, missing library).
     """
-    if factory is None:
-        from google.cloud import tpu_v2  # lazy: a heavy import only these commands need
+    from google.cloud import tpu_v2  # lazy: a heavy import only the TPU commands need
 
-        factory = tpu_v2.TpuClient
-    return factory()
+    endpoint = os.environ.get(ENDPOINT_ENV, "").strip().rstrip("/")
+    return tpu_v2.TpuClient(
+        transport="rest", client_options={"api_endpoint": endpoint} if endpoint else None
+    )
+
+
+def new_client(factory: Callable[[], TpuApi] | None) -> TpuApi:
+    """A TPU API client (`factory`, or tpu_client()).
+
+    Raises:
+        Exception: whatever creating it raised (credentials, missing library).
+    """
+    return (factory or tpu_client)()
 
 
 def client(factory: Callable[[], TpuApi] | None) -> TpuApi:
@@ -123,11 +142,7 @@ class GoogleTpuApi:
     pulumi-gcp uses)."""
 
     def __init__(self, client: Any | None = None, *, timeout_s: float = 3600.0):
-        if client is None:
-            from google.cloud import tpu_v2  # lazy: a heavy import only the provider needs
-
-            client = tpu_v2.TpuClient()
-        self._client = client
+        self._client = tpu_client() if client is None else client
         self._timeout_s = timeout_s
 
     @staticmethod

@@ -22,7 +22,7 @@ import pytest
 from infra.vm import startup
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PACKAGES = ("workloads", "infra")
+PACKAGES = ("workloads", "infra", "localcloud")
 # Declared, never imported by name, needed at run time: what they plug into says why.
 RUNTIME_PLUGINS = {
     "gcsfs": "fsspec's gs:// filesystem, loaded by protocol name",
