@@ -93,7 +93,10 @@ class RemoteLayout:
 
     @property
     def ready_marker(self) -> str:
-        return posixpath.join(self.state_dir, "ready")
+        """Written by the startup script once the host can run the job. In RAM (/run, a tmpfs)
+        so that it is never left over from an earlier boot: the trainer's unit waits for it
+        alone, not for the startup script's unit, which lasts until the weights are staged."""
+        return self.path("run/gemma4/ready")
 
     @property
     def boot_failed_marker(self) -> str:

@@ -59,7 +59,7 @@ def test_a_slow_metadata_server_answering_503_at_boot_is_waited_out(cloud):
     training.deploy(vm)  # waits for the ready marker, then deploys
 
     assert vm.metadata.refused > 0  # the boot met the 503s and went on
-    assert "ready: /var/lib/gemma4/ready" in vm.startup_log()
+    assert "ready: /run/gemma4/ready" in vm.startup_log()
     # The boot stage is the VM's (the container's) uptime, not the host kernel's: the 503s'
     # 20 s and the slow answers, not hours.
     boot_s = float(re.search(r"stage boot: ([0-9.]+) s", vm.startup_log()).group(1))
@@ -117,7 +117,7 @@ def test_a_bucket_unreachable_while_the_weights_stage_is_retried_or_named(cloud)
         back.join()
         training.deploy(vm)
     back.join()
-    assert "ready: /var/lib/gemma4/ready" in vm.startup_log()
+    assert "ready: /run/gemma4/ready" in vm.startup_log()
 
 
 def test_a_vm_killed_during_the_deploys_switch_converges_on_the_next_deploy(cloud, monkeypatch):

@@ -8,7 +8,7 @@ readonly ROLE=train
 readonly PROJECT=your-gcp-project
 readonly PYTHON=python3.11
 readonly VENV_DIR=/opt/gemma4/venv
-readonly READY_MARKER=/var/lib/gemma4/ready
+readonly READY_MARKER=/run/gemma4/ready
 # One line (the stage and this log) when a boot stops before ready: the deploy reads it.
 readonly BOOT_FAILED_MARKER=/var/lib/gemma4/boot-failed
 # The same line in RAM, written first: on a boot disk full to the last byte it is the only one.
@@ -390,7 +390,9 @@ kernel_boot_time() {
 # Stage `boot` is the time from the kernel's start to this script's (`ops status` adds the
 # node's create-to-boot time from the Cloud TPU API).
 begin() {
-  mkdir -p "$(dirname "$READY_MARKER")" "$(dirname "$ENV_FILE")" "$(dirname "$VENV_DIR")"
+  # The state directory too: the units' working directory (the ready marker is in /run).
+  mkdir -p "$(dirname "$READY_MARKER")" "$(dirname "$STAGES_FILE")" "$(dirname "$ENV_FILE")" \
+    "$(dirname "$VENV_DIR")"
   exec > >(tee -a "$LOG_FILE") 2>&1
   exec 9>/var/lock/gemma4-startup.lock
   flock 9

@@ -140,7 +140,7 @@ def test_ready_timeout_says_what_the_startup_log_shows(
     message = str(caught.value)
     assert f"{host(worker)}: step 'wait-ready' timed out; remote log: {log}" in message
     assert "not ready after 0.5 s" in message
-    assert "ready marker" in message and str(worker.root / "var/lib/gemma4/ready") in message
+    assert "ready marker" in message and str(worker.root / "run/gemma4/ready") in message
     assert "staging weights from gs://b/models: 41%" in message
     assert str(log) in message
 

@@ -155,7 +155,7 @@ def test_delete_of_a_vanished_worker_succeeds(worker: Worker, wheel: workloads_w
 def test_create_failure_names_the_worker_and_step(
     worker: Worker, wheel: workloads_wheel.Wheel
 ) -> None:
-    (worker.root / "var/lib/gemma4/ready").unlink()
+    (worker.root / "run/gemma4/ready").unlink()
     provider = ssh_deployment.SshDeploymentProvider()
     provider.ready_initial_delay_s = 0.1
     props = provider_props(str(worker.root), wheel, worker.access, [worker.host])

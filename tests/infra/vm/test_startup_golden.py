@@ -87,7 +87,7 @@ def test_what_every_script_does(name):
     assert "set -euo pipefail" in script
     assert "export TMPDIR=/dev/shm" in script
     assert 'rm -f "$READY_MARKER"' in script and "\n  finish\n" in script
-    assert "readonly READY_MARKER=/var/lib/gemma4/ready" in script
+    assert "readonly READY_MARKER=/run/gemma4/ready" in script
     assert "ppa:deadsnakes/ppa" in script and "readonly PYTHON=python3.11" in script
     assert "readonly VENV_DIR=/opt/gemma4/venv" in script
     assert "set -x" not in script  # would print the token

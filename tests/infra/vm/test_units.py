@@ -43,7 +43,7 @@ def test_train_unit_runs_the_training_command_with_restart_and_environment() -> 
     assert service["Environment"] == "TMPDIR=/dev/shm PYTHONUNBUFFERED=1"
     assert service["EnvironmentFile"] == "-/etc/gemma4/env"  # the startup script's variables
     assert service["StandardOutput"] == service["StandardError"] == "journal"
-    assert "/var/lib/gemma4/ready" in service["ExecStartPre"]
+    assert "/run/gemma4/ready" in service["ExecStartPre"]
     assert unit["Unit"]["OnSuccess"] == "gemma4-merge.service"
     assert unit["Install"]["WantedBy"] == "multi-user.target"
     merge = _parse(plan.units["gemma4-merge.service"])
@@ -52,6 +52,31 @@ def test_train_unit_runs_the_training_command_with_restart_and_environment() -> 
         "-m workloads merge --config /opt/gemma4/current/run.yaml"
     )
     assert "Install" not in merge  # started by train's OnSuccess=, never on its own
+
+
+def test_nothing_the_trainer_needs_is_ordered_after_the_startup_script() -> None:
+    """The guest agent's startup-script unit is a oneshot whose start job lasts until the whole
+    script exits, after the weights are staged: a unit ordered after it (directly or through a
+    unit it needs) would start only then. The trainer waits for the ready marker instead, one
+    that cannot be left from an earlier boot (tests/localcloud/test_unit_order.py boots it)."""
+    plan = units.plan_units("train", make_run_config(merge=True, release=True), PROD)
+    needed, todo = set(), [units.TRAIN_UNIT]
+    while todo:
+        name = todo.pop()
+        if name in needed:
+            continue
+        needed.add(name)
+        if name not in plan.units:
+            continue
+        section = _parse(plan.units[name])["Unit"]
+        after = section.get("After", "").split()
+        assert "google-startup-scripts.service" not in after, name
+        for key in ("After", "Requires", "Wants", "BindsTo", "Requisite"):
+            todo += section.get(key, "").split()
+    assert needed >= {units.TRAIN_UNIT, "network-online.target"}
+    assert PROD.ready_marker.startswith("/run/")  # a tmpfs: gone at every boot
+    wait = _parse(plan.units[units.TRAIN_UNIT])["Service"]["ExecStartPre"]
+    assert wait.endswith(f"wait-ready {PROD.ready_marker}")
 
 
 @pytest.mark.parametrize(("worker", "runs"), [("0", True), ("1", False), (None, True)])
@@ -228,4 +253,4 @@ def test_every_training_unit_has_a_finite_start_timeout() -> None:
     }
     assert "infinity" not in timeouts.values(), timeouts
     assert timeouts["gemma4-merge.service"] == "4h"
-    assert timeouts["gemma4-train.service"] == "2h"
+    assert timeouts["gemma4-train.service"] == "4h"
