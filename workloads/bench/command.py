@@ -4,7 +4,9 @@ For every (input_len, output_len) in bench.shapes and every rate in bench.reques
 `vllm bench serve` (the standard client, inside the serving container, against 127.0.0.1) with
 the random dataset and saves vLLM's own result file to `<results_dir>/raw/<in>x<out>_r<rate>.json`.
 A point whose file is already in results_dir is skipped, so a re-run resumes the sweep. Then the
-files are aggregated into summary.json/.csv/.md and the PNG plots next to raw/.
+files are aggregated into summary.json/.csv/.md and the PNG plots next to raw/. With
+serve.weights_from bucket the client gets `--tokenizer <scratch_dir>/tokenizer`, a local copy of
+the merged model's non-weight files: it would load its tokenizer from the gs:// `--model`.
 
 `--aggregate-only DIR` only does the last step, for a results dir (local or gs://) with a raw/.
 """
@@ -21,9 +23,12 @@ from workloads.bench import plots, results
 from workloads.common import cli_options, errors, logs, storage
 from workloads.contract import runconfig
 from workloads.serve import argv as argv_lib
-from workloads.serve import readiness
+from workloads.serve import merged_weights, readiness
 
 LOG = logs.get("bench")
+# Under bench.scratch_dir: the merged model's tokenizer and config when the weights stream from
+# the bucket (serve.weights_from bucket).
+TOKENIZER_DIR = "tokenizer"
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -61,6 +66,13 @@ def run_sweep(
     )
     raw_local = pathlib.Path(bench.scratch_dir, results.RAW)
     raw_local.mkdir(parents=True, exist_ok=True)
+    tokenizer = None
+    if source.kind == "bucket":
+        # The client tokenizes locally; the weights stream from gs://, which transformers cannot
+        # read. Under scratch_dir, so the container sees it at the same path (/dev/shm).
+        tokenizer = merged_weights.stage_tokenizer_files(
+            source.location, str(pathlib.Path(bench.scratch_dir, TOKENIZER_DIR))
+        )
     raw_remote = runconfig.join(bench.results_dir, results.RAW)
     failed = []
     points = sweep_points(bench)
@@ -81,6 +93,7 @@ def run_sweep(
             request_rate=rate,
             result_dir=str(raw_local),
             result_filename=name,
+            tokenizer=tokenizer,
             docker=docker,
         )
         LOG.info(f"[{number}/{len(points)}] {name}: {shlex.join(command)}")

@@ -245,9 +245,16 @@ def bench_args(
     request_rate: float,
     result_dir: str,
     result_filename: str,
+    tokenizer: str | None = None,
 ) -> list[str]:
     """The `vllm bench serve` flags of one sweep point, the same for both launchers: the random
-    dataset against the server on 127.0.0.1; `--metadata` records the shape in the result file."""
+    dataset against the server on 127.0.0.1; `--metadata` records the shape in the result file.
+    `tokenizer`: a local directory with the model's tokenizer, for a model vLLM streams from
+    gs:// (the client loads its tokenizer from `--tokenizer`, else from `--model`, and cannot
+    read gs://)."""
+    model = ["--model", source.serve_path]
+    if tokenizer is not None:
+        model += ["--tokenizer", tokenizer]
     return [
         "--backend",
         "vllm",
@@ -257,8 +264,7 @@ def bench_args(
         str(serve.port),
         "--endpoint",
         "/v1/completions",
-        "--model",
-        source.serve_path,
+        *model,
         "--served-model-name",
         serve.served_model_name,
         "--dataset-name",
@@ -298,6 +304,7 @@ def bench_argv(
     request_rate: float,
     result_dir: str,
     result_filename: str,
+    tokenizer: str | None = None,
     docker: str = "docker",
 ) -> list[str]:
     """One sweep point's client for serve.launcher: `docker exec <serving container> vllm bench
@@ -312,6 +319,7 @@ def bench_argv(
         request_rate=request_rate,
         result_dir=result_dir,
         result_filename=result_filename,
+        tokenizer=tokenizer,
     )
     if serve.launcher == "process":
         return [serve.engine_python, "-c", BENCH_SERVE_SHIM, *args]

@@ -284,3 +284,34 @@ def stage_model(src: str, dest: str, *, workers: int = 16) -> StageReport:
             f"{' ...' if len(extra) > 5 else ''} (left in place)"
         )
     return StageReport(tuple(todo), skipped, sum(sizes[rel] for rel in todo))
+
+
+# Weight files: everything else of a merged model (config, tokenizer, chat template, the index
+# and metadata) is small, and is what a client needs to tokenize.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def stage_tokenizer_files(model_dir: str, dest: str) -> str:
+    """A local copy of model_dir's non-weight files (config, tokenizer, ...) in `dest`, for the
+    clients that tokenize while vLLM streams the weights from a gs:// model_dir (serve.weights_from
+    bucket): vLLM's bench loads its tokenizer from `--tokenizer`, else from `--model`, and
+    transformers cannot read gs://. Files already there at the same size are kept.
+
+    Returns:
+        `dest`.
+
+    Raises:
+        StagingError: model_dir holds no tokenizer file.
+    """
+    sizes = storage.file_sizes(model_dir)
+    small = sorted(rel for rel in sizes if not rel.endswith(WEIGHT_SUFFIXES))
+    if not any(pathlib.PurePosixPath(rel).name.startswith("tokenizer") for rel in small):
+        raise StagingError(
+            f"{model_dir}: no tokenizer file (tokenizer.json, tokenizer_config.json, ...) beside "
+            "the weights; the benchmark client tokenizes with the merged model's own tokenizer"
+        )
+    copied = storage.copy_tree(model_dir, dest, files=small, src_sizes=sizes)
+    LOG.info(
+        f"{len(small)} tokenizer and config file(s) of {model_dir} in {dest} ({len(copied)} copied)"
+    )
+    return dest
