@@ -132,5 +132,5 @@ def test_a_second_trainer_on_a_gs_run_says_who_holds_it(config_for, gcs_bucket):
     message = str(info.value)
     assert message.startswith(f"{run}: another trainer holds {run}/train.lock (pid {proc.pid} ")
     assert "\n" not in message
-    # Refused before any work: the holder's lock and the lease it renews are the run's only objects.
-    assert storage.list_files(run) == ["train.lock", "train.lock.alive"]
+    # Refused before any work: the holder's lock is the run's only object.
+    assert storage.list_files(run) == ["train.lock"]

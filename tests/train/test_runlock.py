@@ -4,14 +4,12 @@ writer is gone from this host); a lock held by a live process elsewhere is never
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -83,20 +81,11 @@ def test_training_refuses_a_locked_run_directory_before_any_work(config_for, tmp
         proc.wait()
 
 
-@pytest.fixture(params=["memory", "gs"])
-def memory_run(request):
-    """A remote run directory (the gs:// code path): on fsspec's in-memory filesystem, and in a
-    bucket of the GCS protocol server (generation preconditions as on GCS)."""
-    from workloads.common import storage
-
-    if request.param == "gs":
-        yield f"{request.getfixturevalue('gcs_bucket')}/run"
-        return
-    path = f"memory://locktest-{os.getpid()}-{time.monotonic_ns()}"
-    yield path
-    fs, root = storage.filesystem(path)
-    with contextlib.suppress(FileNotFoundError):
-        fs.rm(root, recursive=True)
+@pytest.fixture
+def remote_run(gcs_bucket):
+    """A gs:// run directory in a bucket of the GCS protocol server (generation preconditions as
+    on GCS)."""
+    return f"{gcs_bucket}/run"
 
 
 def write_remote_lock(path: str, holder: dict) -> None:
@@ -111,98 +100,138 @@ def dead_pid() -> int:
     return proc.pid
 
 
-def test_remote_lock_is_created_once_and_given_back(memory_run):
-    first = runlock.RunLock(memory_run, print)
+def test_remote_lock_is_created_once_and_given_back(remote_run):
+    first = runlock.RunLock(remote_run, print)
     first.acquire()
     with pytest.raises(errors.UserError) as info:
-        runlock.RunLock(memory_run, print).acquire()
+        runlock.RunLock(remote_run, print).acquire()
     assert f"pid {os.getpid()} on host {socket.gethostname()}" in str(info.value)
     assert "delete the lock (gcloud storage rm " in str(info.value)
     first.release()
-    with runlock.RunLock(memory_run, print):
+    with runlock.RunLock(remote_run, print):
         pass
 
 
-def test_remote_lock_of_a_dead_process_on_this_host_is_taken_over(memory_run):
+def test_remote_lock_of_a_dead_process_on_this_host_is_taken_over(remote_run):
     stale = {"host": socket.gethostname(), "pid": dead_pid(), "start_time": "1", "since": "then"}
-    write_remote_lock(memory_run, stale)
+    write_remote_lock(remote_run, stale)
     notes: list[str] = []
-    with runlock.RunLock(memory_run, notes.append):
+    with runlock.RunLock(remote_run, notes.append):
         (note,) = notes
-        assert note.startswith(f"note: taking over {memory_run}/train.lock from pid ")
+        assert note.startswith(f"note: taking over {remote_run}/train.lock from pid ")
         assert note.endswith("which no longer runs")
 
 
-def test_remote_lock_from_before_this_boot_is_taken_over(memory_run):
+def test_remote_lock_from_before_this_boot_is_taken_over(remote_run):
     write_remote_lock(
-        memory_run,
+        remote_run,
         {"host": socket.gethostname(), "pid": os.getpid(), "boot_id": "another-boot"},
     )
-    with runlock.RunLock(memory_run, print):
+    with runlock.RunLock(remote_run, print):
         pass
 
 
-def test_remote_lock_of_a_live_process_on_this_host_is_never_taken(memory_run):
-    write_remote_lock(memory_run, runlock._me())
+def test_remote_lock_of_a_live_process_on_this_host_is_never_taken(remote_run):
+    write_remote_lock(remote_run, runlock._me())
     started = time.monotonic()
     with pytest.raises(errors.UserError, match="another trainer holds"):
-        runlock.RunLock(memory_run, print).acquire()
+        runlock.RunLock(remote_run, print).acquire()
     assert time.monotonic() - started < 5  # judged at once, no lease to wait out
 
 
-def test_another_hosts_lock_that_is_renewed_is_never_taken(memory_run, monkeypatch):
-    monkeypatch.setattr(runlock, "LEASE_S", 3.0)
-    holder = {**runlock._me(), "host": "some-other-host", "pid": dead_pid()}
-    write_remote_lock(memory_run, holder)
-    stop = threading.Event()
+def as_another_host(monkeypatch, name: str = "newcomer-host") -> None:
+    """From here on this process looks like another host to the locks it judges (the holder's
+    lock keeps the host name it was taken with)."""
+    monkeypatch.setattr(socket, "gethostname", lambda: name)
 
-    def renew() -> None:  # the holder's lease thread, on its own host
-        while not stop.is_set():
-            write_remote_lock_alive(memory_run, holder["token"])
-            stop.wait(0.3)
 
-    thread = threading.Thread(target=renew, daemon=True)
-    thread.start()
-    try:
+def test_another_hosts_lock_that_is_renewed_is_never_taken(remote_run, monkeypatch):
+    monkeypatch.setattr(runlock, "LEASE_S", 2.0)
+    with runlock.RunLock(remote_run, print):  # renews every 0.5 s on its own thread
+        as_another_host(monkeypatch)
         started = time.monotonic()
-        with pytest.raises(errors.UserError, match=r"pid .* on host some-other-host"):
-            runlock.RunLock(memory_run, print).acquire()
-        assert time.monotonic() - started < 3.0  # seen alive before the lease would lapse
-    finally:
-        stop.set()
-        thread.join()
+        with pytest.raises(errors.UserError, match=rf"pid {os.getpid()} on host "):
+            runlock.RunLock(remote_run, print).acquire()
+        assert time.monotonic() - started < 2.0  # seen alive before the lease would lapse
 
 
-def test_another_hosts_lock_without_renewals_is_taken_over_after_the_lease(memory_run, monkeypatch):
+def test_a_newcomer_whose_clock_runs_five_minutes_fast_leaves_a_live_lock(remote_run, monkeypatch):
+    # Its clock against the bucket's write times would call the lock 300 s old: only its own
+    # monotonic clock, watching the lock change, judges the lease.
+    monkeypatch.setattr(runlock, "LEASE_S", 2.0)
+    with runlock.RunLock(remote_run, print) as holder:
+        as_another_host(monkeypatch)
+        real = time.time
+        monkeypatch.setattr(time, "time", lambda: real() + 300)
+        with pytest.raises(errors.UserError, match="another trainer holds"):
+            runlock.RunLock(remote_run, print).acquire()
+        holder.check(renew=True)  # still the holder's
+
+
+def test_another_hosts_lock_without_renewals_is_taken_over_after_the_lease(remote_run, monkeypatch):
     # A preempted VM's trainer: its replacement is a new host, and the old one never renews.
     monkeypatch.setattr(runlock, "LEASE_S", 1.5)
-    write_remote_lock(memory_run, {**runlock._me(), "host": "preempted-vm", "pid": dead_pid()})
+    write_remote_lock(remote_run, {**runlock._me(), "host": "preempted-vm", "pid": dead_pid()})
     notes: list[str] = []
     started = time.monotonic()
-    with runlock.RunLock(memory_run, notes.append):
+    with runlock.RunLock(remote_run, notes.append):
         waited = time.monotonic() - started
-        assert notes[-1].startswith(f"note: taking over {memory_run}/train.lock from pid ")
-    assert 1.0 <= waited < 10
-    assert "watching it for up to" in notes[0]
+        assert notes[-1].startswith(f"note: taking over {remote_run}/train.lock from pid ")
+    assert 1.5 <= waited < 10
+    assert "watching it for up to 2 s" in notes[0]
 
 
-def test_a_held_remote_lock_renews_its_lease(memory_run, monkeypatch):
+def test_a_held_remote_lock_renews_its_lease(remote_run, monkeypatch):
     from workloads.common import storage
 
     monkeypatch.setattr(runlock, "LEASE_S", 0.4)
-    alive = f"{memory_run}/{runlock.ALIVE_FILE}"
-    with runlock.RunLock(memory_run, print):
-        time.sleep(0.05)
-        fs, path = storage.filesystem(alive)
-        first = runlock._written_at(fs.info(path))
-        time.sleep(0.4)
-        assert runlock._written_at(fs.info(path)) > first
-    assert not storage.exists(alive)  # released: no lease left behind
+    with runlock.RunLock(remote_run, print) as lock:
+        first = lock._generation
+        time.sleep(0.3)
+        assert lock._generation > first  # rewritten in place: a new generation
+        assert lock.fence == first  # the token stays the one the lock was taken with
+        assert storage.list_files(remote_run) == ["train.lock"]
+    assert not storage.exists(f"{remote_run}/train.lock")
 
 
-def write_remote_lock_alive(path: str, token: str) -> None:
+def test_a_renewal_after_a_takeover_fails_and_the_holder_stops(remote_run, monkeypatch):
+    monkeypatch.setattr(runlock, "LEASE_S", 60.0)
+    lost: list[runlock.LockLost] = []
+    holder = runlock.RunLock(remote_run, print, on_lost=lost.append)
+    holder.acquire()
+    holder.check()  # renewed just now: no call to GCS
+    # Another host judged the lease run out (the holder was frozen) and took the lock over.
+    successor = {**runlock._me(), "host": "successor-vm", "pid": 4242}
+    write_remote_lock(remote_run, successor)
+    with pytest.raises(runlock.LockLost) as info:
+        holder.check(renew=True)
+    message = str(info.value)
+    assert message == (
+        f"{remote_run}: this trainer no longer holds {remote_run}/train.lock (taken over by "
+        f"pid 4242 on host successor-vm since {successor['since']}: its lease ran out while this "
+        "trainer was paused or cut off from GCS); stopping without writing anything more"
+    )
+    assert lost == [info.value] and holder.lost
+    with pytest.raises(runlock.LockLost):  # every later check too, without asking GCS
+        holder.check()
+    holder.release()  # the successor's lock stays
+    assert json.loads(read_remote_lock(remote_run))["pid"] == 4242
+
+
+def test_a_holder_past_its_renewal_gap_renews_before_it_writes(remote_run, monkeypatch):
+    monkeypatch.setattr(runlock, "LEASE_S", 60.0)
+    with runlock.RunLock(remote_run, print) as holder:
+        before = holder._generation
+        holder.check()
+        assert holder._generation == before  # a recent renewal: nothing asked
+        holder._renewed_at -= 60.0 * runlock.WRITE_WITHIN  # as after a freeze of half the lease
+        holder.check()
+        assert holder._generation > before
+
+
+def read_remote_lock(path: str) -> bytes:
     from workloads.common import storage
 
-    storage.write_bytes_atomic(
-        f"{path}/{runlock.ALIVE_FILE}", json.dumps({"token": token}).encode()
-    )
+    fs, p = storage.filesystem(f"{path}/train.lock")
+    fs.invalidate_cache(p)
+    return bytes(fs.cat_file(p))
