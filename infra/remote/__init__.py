@@ -10,6 +10,8 @@
 - `fleet`: the same across every worker of a VM, prepare-all-then-activate-all.
 
 The names below are the package's public surface; callers use `remote.deploy_all` and friends.
+The modules inside import each other by full path (`import infra.remote.ssh as ssh`), never from
+this init, which imports them (tests/test_import_cycles.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from typing import Any
 
 import fabric
 
-from infra.remote import ssh
+import infra.remote.ssh as ssh
 from infra.remote.bundle import Bundle
 from infra.remote.errors import DeployError, RemoteError
 from infra.remote.steps import (

@@ -26,7 +26,8 @@ from typing import Any
 import fabric
 import paramiko
 
-from infra.remote import release, space
+import infra.remote.release as release
+import infra.remote.space as space
 from infra.remote.bundle import Bundle, sha256_text
 from infra.remote.errors import RemoteError
 from infra.remote.transport import CONNECTION_ERRORS, chain, drop, host_name, run

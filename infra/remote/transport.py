@@ -16,7 +16,7 @@ import fabric
 import invoke
 import paramiko
 
-from infra.remote import ssh
+import infra.remote.ssh as ssh
 from infra.remote.errors import BootFailed, ReadyTimeout, RemoteError
 from infra.vm.layout import RemoteLayout
 from workloads.common import logs

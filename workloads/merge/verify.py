@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
+import workloads.merge.safetensors_io as st
 from workloads.common import digest, errors, storage
 from workloads.contract import runconfig
-from workloads.merge import safetensors_io as st
 
 _CHUNK = 16 * 1024 * 1024
 
