@@ -5,7 +5,10 @@ newest intact checkpoint. Exit status: 0 when the last step is done, 143 when SI
 after saving a checkpoint (run again to continue), 2 on a user error (one line on stderr: a bad
 config, another trainer on the run directory, no intact checkpoint, a full disk), 3 when a
 step's loss or gradient norm was not finite (one line naming the step; nothing of it was
-saved, and running again from the same checkpoint would do the same).
+saved, and running again from the same checkpoint would do the same). A trainer whose gs:// run
+directory another trainer took over (this one was frozen or cut off from GCS past the run lock's
+lease) exits at once with status 2 and one line: the unit does not restart it into a fight with
+its successor.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import sys
 from typing import Any
 
 from workloads.common import cli_options
@@ -42,5 +46,15 @@ def main(args: argparse.Namespace) -> int:
     else:
         hold = guards.HeldBackgroundErrors()
     with hold:
-        result = trainer.train(cfg, fresh_optimizer_state=args.fresh_optimizer_state)
+        result = trainer.train(
+            cfg, fresh_optimizer_state=args.fresh_optimizer_state, on_lock_lost=_stop_at_once
+        )
     return result.exit_status
+
+
+def _stop_at_once(lost: Exception) -> None:
+    """Ends the process where the lost lock is found out, on whatever thread: raising would
+    leave Orbax's writer threads to finish a save in flight, and the interpreter's exit would
+    wait for them, into the run directory its successor now writes."""
+    print(f"error: {lost}", file=sys.stderr, flush=True)
+    os._exit(2)

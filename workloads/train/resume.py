@@ -10,6 +10,13 @@ finite, bytes that differ from their checksum) is moved aside to
 older one is tried. Reading a checkpoint twice costs
 little next to a run: the LoRA factors and their AdamW moments, not the base model.
 
+A step saved under a gs:// run lock records the lock's generation, its fencing token
+(workloads.train.runlock). Tokens only grow from one holder of the lock to the next, so a step
+whose token is older than an earlier step's was saved by a trainer that had already lost the
+lock to the one that saved the earlier step (it was frozen or cut off past its lease, and came
+back while its successor trained on): it is refused like a damaged step, and the successor's
+line of steps is resumed.
+
 A step without `optimizer_state/` is intact weights with the AdamW moments and step count gone:
 resuming from it silently would restart the optimizer (warm-up included) and train other
 weights than an uninterrupted run. That is an error unless the user asks for it explicitly
@@ -19,12 +26,13 @@ weights than an uninterrupted run. That is an error unless the user asks for it 
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Callable
 
 from workloads.common import errors, storage
 from workloads.contract import runconfig
 from workloads.merge import lora_restore
-from workloads.train import checkpoints, checksums
+from workloads.train import checkpoints, checksums, runlock
 
 MODEL_ITEM = "model_params"
 OPTIMIZER_ITEM = "optimizer_state"
@@ -94,6 +102,39 @@ def step_problem(
     return problem, has_optimizer
 
 
+def _fence(checkpoint_dir: str, step: int) -> int | None:
+    """The run-lock generation step `step` was saved under (None: none recorded, a local run
+    directory or an earlier version)."""
+    path = runconfig.join(checkpoint_dir, str(step), STEP_METADATA)
+    try:
+        data = json.loads(storage.read_text(path))
+    except (errors.UserError, ValueError, OSError):
+        return None  # unreadable metadata is step_problem's to name
+    custom = data.get("custom_metadata") if isinstance(data, dict) else None
+    token = custom.get(runlock.FENCE_KEY) if isinstance(custom, dict) else None
+    return token if isinstance(token, int) and not isinstance(token, bool) else None
+
+
+def fence_problem(checkpoint_dir: str, step: int, steps: list[int]) -> str | None:
+    """Why step `step` must not be resumed from, as the step of a trainer that had lost the run
+    lock (an earlier one of `steps` was saved under a newer token); None when it may."""
+    token = _fence(checkpoint_dir, step)
+    if token is None:
+        return None
+    newer = [
+        (other_token, other)
+        for other in steps
+        if other < step and (other_token := _fence(checkpoint_dir, other)) is not None
+    ]
+    newest, which = max(newer, default=(token, step))
+    if newest <= token:
+        return None
+    return (
+        f"saved under run-lock generation {token}, older than step {which}'s {newest}: by a "
+        "trainer that had lost the run directory to another one"
+    )
+
+
 def _move_aside(output_dir: str, checkpoint_dir: str, step: int) -> str:
     """Moves a damaged step out of the checkpoint directory (Orbax would list it as the latest
     step again, and a later save of that step would collide with it). Returns where it went."""
@@ -132,7 +173,10 @@ def choose_step(
     steps = checkpoints.saved_steps(checkpoint_dir)
     damaged: list[str] = []
     for step in reversed(steps):
-        problem, has_optimizer = step_problem(checkpoint_dir, step, log)
+        problem = fence_problem(checkpoint_dir, step, steps)
+        has_optimizer = True
+        if problem is None:
+            problem, has_optimizer = step_problem(checkpoint_dir, step, log)
         if problem is None:
             if not has_optimizer:
                 _no_optimizer(checkpoint_dir, step, fresh_optimizer_state, log)

@@ -146,16 +146,20 @@ def make_optimizer(
 class SaveHook:
     """PeftTrainer's checkpoint manager with a hook called with (step, force) before every save
     attempt (the trainer records its run segment there); everything else goes to the manager.
-    Every step saved is marked as carrying a checksum manifest (workloads.train.checksums)."""
+    Every step saved is marked as carrying a checksum manifest (workloads.train.checksums), and
+    carries `custom_metadata` in its step metadata (the run lock's fencing token)."""
 
     def __init__(self, manager: Any):
         self.manager = manager
         self.before_save: Callable[[int, bool], None] | None = None
+        self.custom_metadata: dict[str, Any] = {}
 
     def save(self, step: int, *args: Any, **kwargs: Any) -> Any:
         if self.before_save is not None:
             self.before_save(step, bool(kwargs.get("force", False)))
-        kwargs["custom_metadata"] = checksums.mark(kwargs.get("custom_metadata"))
+        kwargs["custom_metadata"] = checksums.mark(
+            {**self.custom_metadata, **(kwargs.get("custom_metadata") or {})}
+        )
         return self.manager.save(step, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:

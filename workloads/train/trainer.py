@@ -183,8 +183,10 @@ class _StepMetrics:
         last_step: int,
         resumed_from: int,
         stage_log: stage_records.StageLog | None = None,
+        lock: runlock.RunLock | None = None,
     ):
         self.cfg = cfg
+        self.lock = lock
         self.stage_log = stage_log
         self.schedule = schedule
         self.run_log = run_log
@@ -242,6 +244,8 @@ class _StepMetrics:
     ) -> None:
         import jax
 
+        if self.lock is not None:  # metrics.jsonl and the segment are written below
+            self.lock.check()
         guards.check_step(
             step,
             loss,
@@ -329,6 +333,7 @@ def train(
     log: Callable[[str], None] = _say,
     handle_sigterm: bool = True,
     fresh_optimizer_state: bool = False,
+    on_lock_lost: Callable[[runlock.LockLost], None] | None = None,
 ) -> TrainResult:
     """Runs (or resumes) the LoRA fine-tune described by `cfg`: set up, restore, loop, summary.
 
@@ -341,6 +346,9 @@ def train(
         handle_sigterm: install the SIGTERM handler (main thread only).
         fresh_optimizer_state: resume from a checkpoint that has no optimizer state, with a new
             one (otherwise that is an error: workloads.train.resume).
+        on_lock_lost: called from whichever thread finds out that another trainer took a gs://
+            run directory's lock over (workloads.train.runlock); the command exits there. Either
+            way the run stops before its next write with runlock.LockLost.
 
     Returns:
         A TrainResult; train_summary.json is written when the run reached its last step.
@@ -348,14 +356,15 @@ def train(
     Raises:
         errors.UserError: bad mesh, tp, data, model directory or checkpoint directory; another
             trainer holds the run directory; no intact checkpoint; a full disk (naming the path
-            and the free space; earlier checkpoints are kept).
+            and the free space; earlier checkpoints are kept); runlock.LockLost: another trainer
+            took the run directory over (nothing more is written).
         guards.NonFiniteError: a step's loss or gradient norm is not finite (nothing of it or
             after it is saved).
     """
     # On a VM ($GEMMA4_STAGES_FILE) these go to the host's stage records next to the startup
     # script's; `ops status` and train_summary.json show them.
     stage_log = stage_records.StageLog.from_env("trainer", log=log)
-    prepared = _set_up(cfg, data, log, fresh_optimizer_state, stage_log)
+    prepared = _set_up(cfg, data, log, fresh_optimizer_state, stage_log, on_lock_lost)
     if isinstance(prepared, TrainResult):
         return prepared  # a finished run started again
     try:
@@ -389,6 +398,7 @@ def _set_up(
     log: Callable[[str], None],
     fresh_optimizer_state: bool,
     stage_log: stage_records.StageLog,
+    on_lock_lost: Callable[[runlock.LockLost], None] | None = None,
 ) -> _Prepared | TrainResult:
     """Cheap checks first (config.json is read in place, even on gs://), then the run
     directory's lock (the writing process), staging, data, the checkpoint to resume from and
@@ -407,7 +417,7 @@ def _set_up(
     hosts.check_shared_directory(train_cfg.output_dir)
     has_meta = checkpoints.check_checkpoint_dir(cfg)
     primary = jax.process_index() == 0
-    lock = runlock.RunLock(train_cfg.output_dir, log) if primary else None
+    lock = runlock.RunLock(train_cfg.output_dir, log, on_lost=on_lock_lost) if primary else None
     if lock is not None:
         lock.acquire()
     try:
@@ -460,6 +470,7 @@ def _set_up_locked(
     if (
         done
         and done[-1] >= total_steps
+        and resume.fence_problem(train_cfg.checkpoint_dir, done[-1], done) is None
         and resume.step_problem(train_cfg.checkpoint_dir, done[-1])[0] is None
     ):
         # A finished run started again (a restarted unit): leave its outputs as they are.
@@ -507,6 +518,8 @@ def _set_up_locked(
         else "attention: dense segment mask (no TPU: the kernel's reference path)"
     )
     if primary and not has_meta:
+        if lock is not None:
+            lock.check()
         adapter_meta.write(
             train_cfg.checkpoint_dir,
             adapter_meta.AdapterMeta(
@@ -640,6 +653,7 @@ def _loop(
         last_step=stop_at,
         resumed_from=resumed_from,
         stage_log=prepared.stage_log,
+        lock=prepared.lock,
     )
 
     def before_save(step: int, force: bool) -> None:
@@ -649,12 +663,19 @@ def _loop(
         # comes one step later). A non-finite step stops here, before it is saved.
         if step <= resumed_from or not (force or step % train_cfg.save_every == 0):
             return
+        # Proves the run directory is still this trainer's (a renewal that fails its generation
+        # precondition if another trainer took over while this one was frozen or cut off).
+        if prepared.lock is not None:
+            prepared.lock.check(renew=True)
         step_metrics.before_save(trainer, step)
         if step in trainer.step_aux:  # the final forced save comes after the step's hook
             segment.record(step, sum(int(x) for x in jax.device_get(trainer.step_aux[step])))
         segment.write()
 
     trainer.checkpoint_manager.before_save = before_save
+    if prepared.lock is not None and prepared.lock.fence is not None:
+        # Each step records the lock generation it was saved under (resume.fence_problem).
+        trainer.checkpoint_manager.custom_metadata[runlock.FENCE_KEY] = prepared.lock.fence
     mesh, seed = prepared.mesh, cfg.data.seed
     cache_report = compile_ahead.CacheReport()
     reported = False
@@ -711,13 +732,29 @@ def _loop(
         train_seconds = time.time() - loop_started
         if previous_handler is not None:
             signal.signal(signal.SIGTERM, previous_handler)
-        run_log.close()
-        this_segment = segment.write(status, wall_seconds=train_seconds)
+        this_segment: dict[str, Any] = {}
+        if _holds(prepared.lock):  # else they are another trainer's files now
+            run_log.close()
+            this_segment = segment.write(status, wall_seconds=train_seconds)
     return _Loop(trainer, resumed_from, run_log, segment, step_metrics, this_segment, loop_started)
+
+
+def _holds(lock: runlock.RunLock | None) -> bool:
+    """Whether this process may still write the run directory; never raises (it is asked on
+    the way out of the loop, whatever ended it)."""
+    if lock is None:
+        return True
+    try:
+        lock.check()
+    except runlock.LockLost:
+        return False
+    return True
 
 
 def _summarise(prepared: _Prepared, loop: _Loop, log: Callable[[str], None]) -> TrainResult:
     """train_summary.json over every process of the run (written once the last step is done)."""
+    if prepared.lock is not None:  # train_summary.json is written below
+        prepared.lock.check()
     cfg, train_cfg = prepared.cfg, prepared.cfg.train
     final_step = loop.trainer.train_steps
     ckpt_steps = checkpoints.saved_steps(train_cfg.checkpoint_dir)
