@@ -15,7 +15,6 @@ Bucket layout (one bucket per VM region; see StackConfig.training_bucket_name):
 from __future__ import annotations
 
 from infra.config import model as config_mod
-from workloads.cli import give_back
 from workloads.contract import runconfig, settings
 from workloads.contract.settings import values_of
 
@@ -53,7 +52,7 @@ def merged_uri(cfg: config_mod.StackConfig) -> str:
 
 def release_marker_uri(cfg: config_mod.StackConfig) -> str:
     """Written by `workloads release` when the training VM gave itself back (see program.py)."""
-    return runconfig.join(run_dir_uri(cfg), give_back.MARKER_FILE)
+    return runconfig.join(run_dir_uri(cfg), runconfig.RELEASE_MARKER_FILE)
 
 
 def train_compile_cache_uri(cfg: config_mod.StackConfig) -> str:

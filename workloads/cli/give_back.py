@@ -26,7 +26,6 @@ from workloads.common import cli_options, errors, logs, storage
 from workloads.contract import runconfig
 
 LOG = logs.get("release")
-MARKER_FILE = "released.json"
 ZONE_ENV = "GEMMA4_ZONE"
 
 

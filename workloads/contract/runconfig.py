@@ -261,6 +261,11 @@ class OwnNodeRunSection(_Section):
     node: str = pydantic.Field(description="Name of this VM's TPU node.")
 
 
+# The record's name in the run directory: the program renders `marker` from it and reads it back
+# (infra/config/runconfig_render.py), so the name is the contract, not the command's own choice.
+RELEASE_MARKER_FILE = "released.json"
+
+
 class ReleaseRunSection(OwnNodeRunSection):
     """Giving the training TPU back once training (and the merge) succeeded."""
 
