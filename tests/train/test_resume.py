@@ -142,6 +142,29 @@ def test_a_save_that_never_completed_is_removed_with_one_line(reference_run, con
     ]
 
 
+def test_a_temporary_file_of_a_killed_write_is_removed_with_one_line(config_for, tmp_path):
+    # A trainer killed while it wrote lora_meta.json at start-up (storage.write_bytes_atomic)
+    # left its temporary file; the next trainer removes it before it resumes.
+    from workloads.train import resume
+
+    checkpoints = tmp_path / "run" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / ".lora_meta.json.k2x9_a1.tmp").write_text('{"rank": ')
+    (checkpoints / "lora_meta.json").write_text("{}")
+    lines: list[str] = []
+    chosen = resume.choose_step(
+        config_for(tmp_path / "run").train,
+        fresh_optimizer_state=False,
+        move_damaged=True,
+        log=lines.append,
+    )
+    assert chosen == 0
+    assert lines == [
+        f"removed {checkpoints / '.lora_meta.json.k2x9_a1.tmp'}: a write that never completed"
+    ]
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["lora_meta.json"]
+
+
 def test_finite_garbage_in_the_latest_step_resumes_from_the_previous_one_to_the_same_weights(
     reference_run, config_for, tmp_path
 ):

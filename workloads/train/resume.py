@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import pathlib
 from collections.abc import Callable
 
 from workloads.common import errors, storage
@@ -63,6 +64,22 @@ def remove_partial_saves(checkpoint_dir: str) -> list[str]:
         if head.isdigit() and (PARTIAL_MARK in name or unfinished):
             storage.remove_tree(runconfig.join(checkpoint_dir, name))
             removed.append(name)
+    return removed
+
+
+def remove_stray_temporaries(checkpoint_dir: str) -> list[str]:
+    """Removes the temporary files of local atomic writes (storage.write_bytes_atomic:
+    `.<name>.<random>.tmp` beside their target, such as `lora_meta.json`'s) that a process
+    killed mid-write left in the checkpoint directory: they are never read, and nothing else
+    removes them. Returns their names. (A gs:// write is one upload: it leaves none.)"""
+    root = pathlib.Path(checkpoint_dir)
+    if storage.is_remote(checkpoint_dir) or not root.is_dir():
+        return []
+    removed = []
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith(".") and entry.name.endswith(".tmp") and entry.is_file():
+            entry.unlink(missing_ok=True)
+            removed.append(entry.name)
     return removed
 
 
@@ -170,6 +187,8 @@ def choose_step(
     if move_damaged:
         for name in remove_partial_saves(checkpoint_dir):
             log(f"removed {runconfig.join(checkpoint_dir, name)}: a save that never completed")
+        for name in remove_stray_temporaries(checkpoint_dir):
+            log(f"removed {runconfig.join(checkpoint_dir, name)}: a write that never completed")
     steps = checkpoints.saved_steps(checkpoint_dir)
     damaged: list[str] = []
     for step in reversed(steps):
