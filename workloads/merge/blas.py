@@ -15,7 +15,7 @@ import contextlib
 import ctypes
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 # OpenBLAS's own calls, under the names its builds export (numpy's wheels: scipy_openblas64_).
@@ -24,7 +24,7 @@ _SUFFIXES = ("", "64_", "_64")
 
 
 @functools.cache
-def _openblas_calls() -> list[tuple[ctypes._CFuncPtr, ctypes._CFuncPtr]]:
+def _openblas_calls() -> list[tuple[Callable[..., int], Callable[..., int]]]:
     """(set_num_threads, get_num_threads) of every OpenBLAS loaded in this process (numpy loads
     its BLAS when it is imported, so the answer does not change once numpy is in)."""
     paths = set()

@@ -86,9 +86,10 @@ class _NoItemLevelMetadataNote(logging.Filter):
         self.item = item.rstrip("/")
 
     def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()  # a mapping names no path
         return not (
             record.msg == "Metadata file does not exist: %s"
-            and str(record.args[0] if record.args else "").startswith(self.item)
+            and str(args[0] if args else "").startswith(self.item)
         )
 
 

@@ -291,7 +291,7 @@ class HashingWriter:
         while (item := self._todo.get()) is not None:
             try:
                 if self._error is None:
-                    view = memoryview(item)
+                    view = item.data
                     self._hash.update(item)
                     start = self.bytes
                     while view:

@@ -148,7 +148,7 @@ def check_scale(
     for begin in range(0, n, step):
         m = min(step, n - begin)
         chunk = raw[: m * cols * info.itemsize]
-        source.readinto(info, (start + begin) * cols * info.itemsize, memoryview(chunk))
+        source.readinto(info, (start + begin) * cols * info.itemsize, chunk.data)
         base = chunk.view(dtype).reshape(m, cols).astype(np.float32)
         base_max = max(base_max, float(np.max(np.abs(base))))
         np.subtract(merged[begin : begin + m], base, out=base)
@@ -196,10 +196,10 @@ def merged_blocks(
         nbytes = n * cols * info.itemsize
         out = writer.buffer(nbytes)
         if dtype == np.float32:  # sum in the buffer the writer will write
-            source.readinto(info, start * cols * 4, memoryview(out))
+            source.readinto(info, start * cols * 4, out.data)
             block = out.view(np.float32).reshape(n, cols)
         else:
-            source.readinto(info, start * cols * info.itemsize, memoryview(raw[:nbytes]))
+            source.readinto(info, start * cols * info.itemsize, raw[:nbytes].data)
             block = acc[:n]
             np.copyto(block, raw[:nbytes].view(dtype).reshape(n, cols), casting="unsafe")
         delta.add_rows_to(block, start)
@@ -231,7 +231,7 @@ def copied_chunks(
     first, stop = span if span is not None else (0, info.nbytes)
     for start in range(first, stop, chunk):
         out = writer.buffer(min(chunk, stop - start))
-        source.readinto(info, start, memoryview(out))
+        source.readinto(info, start, out.data)
         writer.submit(out)
         yield out.nbytes
 

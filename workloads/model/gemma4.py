@@ -229,7 +229,7 @@ def load_model(
     *,
     mesh: jax.sharding.Mesh | None,
     dtype: str = "float32",
-) -> nnx.Module:
+) -> gemma4_model.Gemma4:
     """Loads a Gemma 4 text model from a local HF safetensors directory.
 
     Args:

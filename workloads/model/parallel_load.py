@@ -136,9 +136,14 @@ def host_tensors(
             if match := _ATTN.fullmatch(key):
                 attention.setdefault(match.group(1), {})[match.group(2)] = array
             else:
-                out[key] = lambda a=array: a
+                out[key] = _constant(array)
     out.update(_attention(cfg, attention))
     return out
+
+
+def _constant(array: np.ndarray) -> Callable[[], np.ndarray]:
+    """A function giving `array`: one closure per tensor (a loop's lambda would share its last)."""
+    return lambda: array
 
 
 def as_dtype(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
