@@ -1,151 +1,216 @@
-"""Recreating a preempted spot/preemptible TPU VM: `python -m infra.ops recover [--watch]`.
+"""Recovering a preempted or failed TPU VM through the Cloud TPU API: `python -m infra.ops recover`.
 
-A preempted TPU node stays in state PREEMPTED: it cannot be restarted, only deleted, and a plain
-`pulumi up` does not notice (the node's state is an output, not an input). This module reads the
-node's state from the Cloud TPU API and, when the node is PREEMPTED, TERMINATED or gone, runs
-`pulumi up --replace <URN of its TpuNode>` (infra/resources/tpu_node.py): Pulumi deletes the node
-(and its queued resource) and creates it again in the first of its zones with capacity (the
-resource is delete-before-replace), the deployment resource sees the new worker addresses and
-redeploys, and the training unit resumes from the latest checkpoint on GCS. `--watch` repeats the
-check until the run's train_summary.json exists.
+A preempted spot/preemptible TPU node stays PREEMPTED: it cannot be restarted, only deleted and
+created again. Recovery does that from the create request `pulumi up` recorded in the training
+bucket (infra/tpu/record.py): it deletes the PREEMPTED/TERMINATED node and its queued resource
+and places a new one with infra/tpu/placement.py (zone failover, queued resources, adoption of
+what exists). The new VM's startup script restores the last release `pulumi up` pushed to the
+bucket and starts the job at boot, so nobody deploys to it; the trainer resumes from the
+newest checkpoint. Pulumi's state catches up at the next `pulumi up` or `refresh` (the TpuNode
+provider reads the new node under the same name and keeps it).
 
-Every step is a plain function taking its clients (the TPU API, the stack client of
-infra.ops.stack_client, sleep), so tests drive it with fakes at those boundaries.
+No Pulumi here: a laptop's `ops recover` and the recovery controller's `recover --watch` run
+this same code with nothing but Cloud TPU API access and reads of the bucket. One pass
+(`recover_pass`) reads the state first and acts on what it finds, so a pass that stops anywhere
+(a controller restarted mid-recovery, two callers at once) converges on the next one:
 
-The parts it shares with the other operator commands live in infra.ops.stack_client and
-infra.ops.stack_outputs.
+- no live node (PREEMPTED, TERMINATED, gone): recreate it (placement adopts a node or a queued
+  resource another caller is creating; a create refused with ALREADY_EXISTS is adopted too);
+- a READY node whose boot failed (a worker wrote its boot-failed line to the bucket) or that
+  shows no training progress (metrics.jsonl) by `boot_deadline_s` after its creation: deleted
+  and created again, at most `max_attempts` new nodes in a row, then deleted and reported in one
+  line: nothing is left billing with no job;
+- anything else (READY and training, CREATING, a queue waiting): left alone, one line.
+
+`journal` keeps the counts across restarts of the caller (the controller's is a file on its
+disk); it is keyed by the request, so a `pulumi up` that records another request starts afresh.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
+import functools
+import hashlib
+import json
+import os
 import pathlib
 import sys
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
-from infra.ops.stack_client import StackClient, StackClientError
-from infra.ops.stack_outputs import OpsError, load_outputs, vm_info
-from infra.resources import tpu_node
+from infra.errors import OpsError
 from infra.tpu import api as tpu_api
+from infra.tpu import placement
+from infra.tpu import record as record_mod
 from workloads.common import errors
 
-HELP = "recreate a preempted spot/preemptible TPU VM (pulumi up --replace); the job resumes"
-TPU_NODE_TYPE = tpu_node.TYPE
+HELP = "recreate a preempted or failed TPU VM through the Cloud TPU API; the job resumes"
 # Node states after which nothing brings the node back: it has to be deleted and created again.
-NEEDS_RECOVERY = frozenset({"PREEMPTED", "TERMINATED", "NOT_FOUND"})
+NEEDS_RECOVERY = frozenset({*placement.NODE_GONE, "NOT_FOUND"})
 DEFAULT_INTERVAL_S = 120.0
 DEFAULT_MAX_RECOVERIES = 10
+# New nodes in a row whose boot fails (or that never train) before recovery gives up: a cause
+# that survives three fresh VMs (a broken release, a PyPI outage longer than the boot's retries)
+# is for a person, and each try bills an idle TPU until its deadline.
+DEFAULT_MAX_ATTEMPTS = 3
+# From a node's creation to its first training step after a recovery: the boot restores the venv
+# and the release from the bucket (minutes), stages ~62 GB of weights from the bucket and
+# compiles the step (the compile cache is in the bucket): well under an hour when healthy.
+DEFAULT_BOOT_DEADLINE_S = 5400.0
 # A watch survives this many consecutive failed checks (API or GCS hiccups) before giving up.
 MAX_FAILED_CHECKS = 5
-
-
-class UpFailed(OpsError):
-    """`pulumi up --replace` exited non-zero (capacity, quota, a locked stack): worth retrying."""
+# What a pass ends with (`Pass.outcome`).
+FINISHED, HEALTHY, WAITING, RECREATED, GAVE_UP = (
+    "finished",
+    "healthy",
+    "waiting",
+    "recreated",
+    "gave-up",
+)
 
 
 @dataclasses.dataclass(frozen=True)
-class Target:
-    """The TPU node of one role of the stack, and where its run writes."""
+class Limits:
+    """How far recovery goes: preemptions recovered, new nodes per failed boot, and the
+    deadline from a node's creation to its first training progress."""
 
-    role: str
-    node: str
-    zone: str
-    project: str
-    run_dir: str | None
-
-    @property
-    def resource_name(self) -> str:
-        return tpu_api.node_path(self.project, self.zone, self.node)
-
-    @property
-    def label(self) -> str:
-        return f"{self.role} VM {self.node} in {self.zone}"
+    max_recoveries: int = DEFAULT_MAX_RECOVERIES
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    boot_deadline_s: float = DEFAULT_BOOT_DEADLINE_S
 
 
-def target_from_outputs(outputs: dict[str, Any], role: str) -> Target:
-    """The node, zone, project and run directory of the stack's `role` VM.
+class Journal:
+    """What recovery remembers between passes: a JSON file (local or gs://), or memory only
+    (`path` None). Keyed by the request's digest: a different request starts afresh."""
 
-    They come from `deployments.<role>` (what infra.ops reads), with the `<role>Node`,
-    `<role>Zone` and `runDir` outputs as fallbacks.
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path
+        self._memory: dict[str, Any] = {}
 
-    Raises:
-        OpsError: no such VM in the stack, or its project or zone is not in the outputs.
-    """
-    info = vm_info(outputs, role, require_hosts=False)
-    zone = info.zone or outputs.get(f"{role}Zone")
-    node = info.vm if info.vm != role else str(outputs.get(f"{role}Node") or role)
-    if not info.project or not zone:
-        raise OpsError(
-            f"the stack outputs name no project/zone for the {role} VM {node}: "
-            "run `pulumi up` once with this checkout to refresh the outputs"
-        )
-    run_dir = outputs.get("runDir") or info.run_dir
-    return Target(role, node, str(zone), str(info.project), str(run_dir) if run_dir else None)
+    def load(self, digest: str) -> dict[str, Any]:
+        data: Any = self._memory
+        if self.path is not None:
+            from workloads.common import storage
+
+            try:
+                data = json.loads(storage.read_text(self.path)) if _exists(self.path) else {}
+            except (errors.UserError, json.JSONDecodeError):
+                data = {}  # a damaged journal only forgets counts: the cloud is the truth
+        if not isinstance(data, dict) or data.get("request") != digest:
+            data = {"request": digest}
+        return {
+            "request": digest,
+            "recoveries": int(data.get("recoveries") or 0),
+            "attempts": int(data.get("attempts") or 0),
+            "judged": list(data.get("judged") or []),
+            "gave_up": data.get("gave_up"),
+            "recreated_at": data.get("recreated_at"),
+        }
+
+    def save(self, state: Mapping[str, Any]) -> None:
+        self._memory = dict(state)
+        if self.path is not None:
+            from workloads.common import storage
+
+            if not storage.is_remote(self.path):
+                pathlib.Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            storage.write_text_atomic(self.path, json.dumps(state, sort_keys=True) + "\n")
 
 
-def node_state(client: tpu_api.TpuApi, target: Target) -> str:
-    """The node's state name (READY, PREEMPTED, ...); NOT_FOUND when the node does not exist.
+def _exists(path: str) -> bool:
+    from workloads.common import storage
 
-    Raises:
-        OpsError: the API call failed (credentials, permissions, network).
-    """
+    return storage.exists(path)
+
+
+def request_digest(request: placement.Request) -> str:
+    body = dataclasses.asdict(request)
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------
+# what the bucket says: the run finished, a boot failed, training progressed
+
+
+def modified(path: str) -> float | None:
+    """When the file at `path` (local or gs://) was last written (Unix time), None if absent."""
+    from workloads.common import storage
+
+    if not storage.is_remote(path):
+        try:
+            return os.stat(path).st_mtime
+        except FileNotFoundError:
+            return None
+    fs, p = storage.filesystem(path)
     try:
-        node = tpu_api.get_node(client, target.resource_name)
-    except Exception as exc:
-        raise tpu_api.call_failed(
-            f"cannot read the state of TPU node {target.resource_name}", exc
-        ) from exc
-    return "NOT_FOUND" if node is None else tpu_api.state_name(node)
+        with storage.gcs_errors(path, "look up"):
+            fs.invalidate_cache(p)
+            return fs.modified(p).timestamp()
+    except FileNotFoundError:
+        return None
 
 
-def find_urn(export: dict[str, Any], target: Target) -> str:
-    """The URN of the TpuNode resource that manages `target`'s node, from `pulumi stack export`.
+def run_finished(run_dir: str | None) -> str | None:
+    """The train_summary.json path when the training run has finished, else None."""
+    if not run_dir:
+        return None
+    from workloads.common import storage
 
-    Raises:
-        OpsError: no such resource in the state, or more than one.
-    """
-    resources = (export.get("deployment") or {}).get("resources") or []
-    matches = [
-        r
-        for r in resources
-        if isinstance(r, dict)
-        and r.get("type") == TPU_NODE_TYPE
-        and not r.get("delete")  # an old copy pending deletion is not the live one
-        and (r.get("inputs") or {}).get("node_id") == target.node
-    ]
-    if len(matches) > 1:
-        in_zone = [r for r in matches if (r.get("outputs") or {}).get("zone") == target.zone]
-        matches = in_zone or matches
-    if not matches:
-        raise OpsError(
-            f"no {TPU_NODE_TYPE} resource for node {target.node} in the stack's state "
-            "(`pulumi stack export`): this stack does not manage that node"
-        )
-    if len(matches) > 1:
-        urns = ", ".join(str(r.get("urn")) for r in matches)
-        raise OpsError(f"several {TPU_NODE_TYPE} resources for node {target.node}: {urns}")
-    return str(matches[0]["urn"])
+    path = f"{run_dir.rstrip('/')}/train_summary.json"
+    return path if storage.exists(path) else None
 
 
-def stack_of(urn: str) -> str:
-    """The stack name inside a URN (`urn:pulumi:<stack>::<project>::<type>::<name>`)."""
-    return urn.split("::", 1)[0].rsplit(":", 1)[-1]
+def progressed(run_dir: str | None, since: float) -> bool:
+    """Whether the trainer wrote a step (metrics.jsonl) after `since` (Unix time). Without a
+    run directory (the serving VM) a booted node counts as progressing."""
+    if not run_dir:
+        return True
+    written = modified(f"{run_dir.rstrip('/')}/metrics.jsonl")
+    return written is not None and written >= since
 
 
-def stack_client(stack: str | None) -> StackClient:
-    """The stack client recover replaces the node with (needed only once something is lost).
+def boot_failure(reports: str | None, since: float) -> str | None:
+    """The boot-failed line a worker of the node wrote to `reports` after `since`, else None.
+    The startup script writes it there (templates/startup/_common.sh.j2, boot_ended) as well as
+    on the worker's disk, so the caller needs no SSH to tell a failed boot from a slow one."""
+    if not reports:
+        return None
+    from workloads.common import storage
 
-    Raises:
-        OpsError: no pulumi CLI, or it cannot be used.
-    """
-    try:
-        return StackClient(stack, needed_for="recover recreates the VM with `pulumi up --replace`")
-    except StackClientError as exc:
-        raise OpsError(str(exc)) from None
+    for name in sorted(storage.file_sizes(reports)):
+        path = f"{reports.rstrip('/')}/{name}"
+        written = modified(path)
+        if name.endswith(".failed") and written is not None and written >= since:
+            try:
+                return storage.read_text(path).strip() or f"{path} (empty)"
+            except errors.UserError:
+                return f"a worker reported a failed boot ({path})"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Probes:
+    """What recovery reads besides the TPU API (the tests' are fakes)."""
+
+    finished: Callable[[str | None], str | None] = run_finished
+    progressed: Callable[[str | None, float], bool] = progressed
+    boot_failure: Callable[[str | None, float], str | None] = boot_failure
+
+
+# ---------------------------------------------------------------------------------------------
+# one pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Pass:
+    """What one pass found and did."""
+
+    outcome: str
+    line: str
+    zone: str | None = None
 
 
 Confirm = Callable[[str], bool]
@@ -168,82 +233,209 @@ def confirmer(yes: bool, stdin: TextIO, out: TextIO) -> Confirm:
     return ask
 
 
-def recover_node(
-    target: Target, state: str, pulumi: StackClient, confirm: Confirm, out: TextIO
-) -> None:
-    """Deletes and recreates the node through Pulumi (the deployment then redeploys the job).
-
-    Raises:
-        OpsError: the URN is not in the stack's state, or the user said no.
-        UpFailed: `pulumi up` failed.
-    """
+def _created(node: Mapping[str, Any], fallback: float) -> float:
+    text = str(node.get("create_time") or node.get("createTime") or "")
     try:
-        urn = find_urn(pulumi.export(), target)
-    except StackClientError as exc:
-        raise OpsError(str(exc)) from None
-    if not confirm(f"recreate the {state} {target.label} (pulumi up --replace)"):
-        raise OpsError(f"not confirmed: the {target.role} VM {target.node} stays {state}")
-    print(f"{target.label} is {state}: recreating it with `pulumi up --replace {urn}`", file=out)
-    out.flush()
-    lock = threading.Lock()
-
-    def show(line: str) -> None:  # Pulumi's progress, stdout and stderr, as it comes
-        with lock:
-            out.write(line + "\n")
-            out.flush()
-
-    try:
-        pulumi.replace(urn, show, stack=stack_of(urn))
-    except StackClientError as exc:
-        raise UpFailed(str(exc)) from None
-    resumes = "training resumes from its latest checkpoint" if target.role == "train" else ""
-    print(
-        f"{target.label} recreated and the job redeployed" + (f"; {resumes}" if resumes else ""),
-        file=out,
-    )
+        return datetime.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return fallback
 
 
-def recover_once(
-    target: Target,
-    client: tpu_api.TpuApi,
-    confirm: Confirm,
+def _label(target: record_mod.Recorded) -> str:
+    return f"{target.role} VM {target.request.node_id}"
+
+
+def _find_live(
+    api: placement.PlacementApi, request: placement.Request, say: Callable[[str], None]
+) -> tuple[str, dict[str, Any]] | None:
+    """The first node of the request's name in its zones that may still run (zone, node)."""
+    reads = placement.ZoneReads(say)
+    for zone in request.zones:
+        node = reads.read(zone, functools.partial(api.get_node, request.node_name(zone)))
+        if node is not None and str(node.get("state") or "") not in placement.NODE_GONE:
+            return zone, node
+    return None
+
+
+def recover_pass(
+    api: placement.PlacementApi,
+    target: record_mod.Recorded,
     out: TextIO,
     *,
-    stack: str | None = None,
-) -> bool:
-    """One check: recreates the node if it is PREEMPTED, TERMINATED or gone.
+    journal: Journal | None = None,
+    limits: Limits = Limits(),
+    confirm: Confirm = lambda _q: True,
+    probes: Probes = Probes(),
+    clock: Callable[[], float] = time.time,
+    poll_s: float = 60.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Pass:
+    """One look at the node and what it needs (module docstring); one line per step on `out`.
 
-    Returns:
-        True when the node was recreated, False when its state needed nothing.
+    Args:
+        api: the Cloud TPU API (infra.tpu.api.GoogleTpuApi, or any PlacementApi).
+        target: the recorded request (infra.tpu.record.load).
+        journal: counts kept between passes (None: this pass only).
+        clock: wall-clock time, compared with the API's and the bucket's times.
+        poll_s, sleep: how placement waits on a queued resource.
+
+    Raises:
+        OpsError: more recoveries than `limits.max_recoveries`, or a refusal that waiting will
+            not fix (a foreign node under the name, a bad spec, a permission).
     """
-    state = node_state(client, target)
-    if state not in NEEDS_RECOVERY:
-        print(f"{target.label}: {state}; nothing to do", file=out)
-        return False
-    recover_node(target, state, stack_client(stack), confirm, out)
-    return True
+    journal = journal or Journal()
+    request = target.request
+    label = _label(target)
+    state = journal.load(request_digest(request))
+
+    def say(line: str) -> None:
+        print(f"{_stamp()} recover: {line}", file=out, flush=True)
+
+    done = probes.finished(target.run_dir)
+    if done:
+        say(f"training finished ({done}); nothing to recover")
+        return Pass(FINISHED, f"training finished ({done})")
+    live = _find_live(api, request, say)
+    if live is not None:
+        zone, node = live
+        node_state = str(node.get("state") or "STATE_UNSPECIFIED")
+        created = _created(node, clock())
+        age = clock() - created
+        where = f"{label} in {zone}"
+        failed = None
+        if node_state == "READY":
+            failed = probes.boot_failure(target.boot_reports, created)
+            if failed is None and probes.progressed(target.run_dir, created):
+                if state["attempts"] or state["gave_up"] or state["recreated_at"]:
+                    since = state["recreated_at"] or created
+                    say(f"{where}: READY and training ({clock() - since:.0f} s after recovery)")
+                    state.update(attempts=0, judged=[], gave_up=None, recreated_at=None)
+                    journal.save(state)
+                else:
+                    say(f"{where}: READY and training")
+                return Pass(HEALTHY, f"{where}: READY and training", zone)
+            if failed is None and age <= limits.boot_deadline_s:
+                line = (
+                    f"{where}: READY, no training step yet ({age:.0f} s of "
+                    f"{limits.boot_deadline_s:.0f} s)"
+                )
+                say(line)
+                return Pass(WAITING, line, zone)
+            if failed is None:
+                failed = f"no training step within {limits.boot_deadline_s:.0f} s of its creation"
+        elif age > limits.boot_deadline_s and node_state in ("CREATING", "STARTING"):
+            failed = f"still {node_state} {age:.0f} s after its creation"
+        else:
+            line = f"{where}: {node_state}; left alone"
+            say(line)
+            return Pass(WAITING, line, zone)
+        return _replace_failed(
+            api, target, zone, node, failed, state, journal, limits, say, (clock, poll_s, sleep)
+        )
+
+    if state["gave_up"]:
+        line = f"{label}: gave up earlier ({state['gave_up']}); nothing to do until it is fixed"
+        say(line)
+        return Pass(GAVE_UP, line)
+    if state["recoveries"] >= limits.max_recoveries:
+        raise OpsError(
+            f"{label} is lost again after {state['recoveries']} recoveries "
+            f"(--max-recoveries {limits.max_recoveries}): run `python -m infra.ops recover` or "
+            "raise the limit"
+        )
+    if not confirm(f"recreate the lost {label} through the Cloud TPU API"):
+        raise OpsError(f"not confirmed: the {label} stays lost")
+    say(
+        f"{label}: PREEMPTED, TERMINATED or gone; recreating it "
+        f"(recovery {state['recoveries'] + 1}/{limits.max_recoveries})"
+    )
+    result = _recreate(api, target, state, journal, say, (clock, poll_s, sleep))
+    if result.outcome == RECREATED:  # a zone-less pass (no capacity anywhere) is not counted
+        state["recoveries"] += 1
+        journal.save(state)
+    return result
 
 
-def run_finished(target: Target) -> str | None:
-    """The train_summary.json path when the training run has finished, else None."""
-    if target.role != "train" or not target.run_dir:
-        return None
-    from workloads.common import storage  # lazy: gcsfs only when the run dir is on GCS
-    from workloads.train import metrics
+def _replace_failed(
+    api: placement.PlacementApi,
+    target: record_mod.Recorded,
+    zone: str,
+    node: Mapping[str, Any],
+    why: str,
+    state: dict[str, Any],
+    journal: Journal,
+    limits: Limits,
+    say: Callable[[str], None],
+    waits: tuple[Callable[[], float], float, Callable[[float], None]],
+) -> Pass:
+    """Deletes a node that booted but does not train; creates the next one, or gives up."""
+    request = target.request
+    label = _label(target)
+    node_key = str(node.get("id") or node.get("create_time") or node.get("createTime") or "")
+    if node_key not in state["judged"]:  # a pass restarted after judging it must not count twice
+        state["attempts"] += 1
+        state["judged"] = [*state["judged"][-9:], node_key]
+        journal.save(state)
+    say(f"{label} in {zone} failed: {why}; deleting it (attempt {state['attempts']})")
+    placement.remove(api, request.node_name(zone), node.get("queued_resource") or None)
+    if state["attempts"] >= limits.max_attempts:
+        line = (
+            f"{label}: gave up after {state['attempts']} new node(s) that did not train (last: "
+            f"{why}); deleted, nothing of it bills. Fix the cause, then run `python -m infra.ops "
+            "recover` or `pulumi up`"
+        )
+        state["gave_up"] = why
+        journal.save(state)
+        say(line)
+        return Pass(GAVE_UP, line, zone)
+    return _recreate(api, target, state, journal, say, waits)
 
-    path = f"{target.run_dir.rstrip('/')}/{metrics.SUMMARY_FILE}"
-    return path if storage.exists(path) else None
+
+def _recreate(
+    api: placement.PlacementApi,
+    target: record_mod.Recorded,
+    state: dict[str, Any],
+    journal: Journal,
+    say: Callable[[str], None],
+    waits: tuple[Callable[[], float], float, Callable[[float], None]],
+) -> Pass:
+    """Places the node from its recorded request (deleting what is lost on the way)."""
+    request = target.request
+    clock, poll_s, sleep = waits
+    started = time.monotonic()
+    try:
+        placed = placement.place(
+            api, request, say=lambda line: say(f"tpu: {line}"), poll_s=poll_s, sleep=sleep
+        )
+    except placement.NoCapacity as exc:
+        line = f"{_label(target)}: {exc}"
+        say(line)
+        return Pass(WAITING, line)
+    state["recreated_at"] = state["recreated_at"] or clock()
+    journal.save(state)
+    verb = "adopted" if placed.adopted else "created"
+    line = (
+        f"{_label(target)} {verb} in {placed.zone} "
+        f"({placed.node.get('state') or '?'}, {time.monotonic() - started:.1f} s); its startup "
+        "script restores the release and the job resumes from the newest checkpoint"
+    )
+    say(line)
+    return Pass(RECREATED, line, placed.zone)
+
+
+def _stamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+# ---------------------------------------------------------------------------------------------
+# the watch
 
 
 def source_changed(uri: str, local: str) -> Callable[[], str | None]:
-    """A check that names the change once the archive at `uri` is no longer the `local` copy.
-
-    The whole archive is read (a few hundred kB, from the bucket in the controller's region):
-    simpler than trusting a hash the two filesystems may not both offer.
-    """
+    """A check that names the change once the archive at `uri` is no longer the `local` copy
+    (the recovery controller's code: its service then starts again on the new one)."""
     from workloads.common import storage  # lazy: gcsfs only on the controller
 
-    # The installed copy does not change while the watch runs (the service installs at start).
     try:
         installed = pathlib.Path(local).read_bytes()
     except FileNotFoundError:
@@ -258,82 +450,81 @@ def source_changed(uri: str, local: str) -> Callable[[], str | None]:
 
 
 def watch(
-    target: Target,
-    client: tpu_api.TpuApi,
-    confirm: Confirm,
+    api: placement.PlacementApi,
+    load: Callable[[], record_mod.Recorded],
     out: TextIO,
     *,
-    stack: str | None = None,
+    journal: Journal | None = None,
+    limits: Limits = Limits(),
     interval_s: float = DEFAULT_INTERVAL_S,
-    max_recoveries: int = DEFAULT_MAX_RECOVERIES,
+    confirm: Confirm = lambda _q: True,
+    probes: Probes = Probes(),
+    clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
-    finished: Callable[[Target], str | None] = run_finished,
     outdated: Callable[[], str | None] | None = None,
+    passes: int | None = None,
 ) -> int:
-    """Checks every `interval_s` seconds, one line per check, recreating the node when needed.
+    """`recover_pass` every `interval_s` seconds until the training run finished (0).
 
-    A failed `pulumi up` (no capacity, a locked stack) is printed and retried at the next check;
-    it counts as a recovery. Returns 0 when the training run's train_summary.json exists (the
-    serving VM has no end: stop it with Ctrl-C), or when `outdated` names a reason to start
-    again (the controller's source changed): asked between checks only, never during a
-    `pulumi up`, so stopping there leaves no half-done update behind.
+    The record is read again before every pass (`load`): a later `pulumi up` may have recorded
+    another request. A pass that fails (an API or bucket hiccup) is one line and tried again;
+    MAX_FAILED_CHECKS in a row end the watch. `outdated` (the controller's source changed) ends
+    it between passes with 0. `passes` bounds the passes (tests, the rehearsal).
 
     Raises:
-        OpsError: the node needs recovery once more than `max_recoveries` allow, MAX_FAILED_CHECKS
-            checks in a row failed, or a problem that waiting will not fix.
+        OpsError: MAX_FAILED_CHECKS passes in a row failed, or more recoveries than allowed.
     """
-    pulumi = stack_client(stack)  # fail now, not at the first preemption hours later
-    recoveries = failures = 0
-    end = "until train_summary.json exists" if target.role == "train" else "until Ctrl-C"
+    journal = journal or Journal()
+    failures = count = 0
     print(
-        f"{_stamp()} watching {target.label} every {interval_s:g} s {end} "
-        f"(at most {max_recoveries} recoveries)",
+        f"{_stamp()} recover: watching every {interval_s:g} s until the training run finished "
+        f"(at most {limits.max_recoveries} recoveries, {limits.max_attempts} new nodes per "
+        f"failed boot, {limits.boot_deadline_s:.0f} s to the first step)",
         file=out,
         flush=True,
     )
-    while True:
+    while passes is None or count < passes:
+        count += 1
         try:
             stale = outdated() if outdated else None
-            done = None if stale else finished(target)
-            state = None if stale or done else node_state(client, target)
+            if stale:
+                print(f"{_stamp()} recover: {stale}; stopping to start again on it", file=out)
+                return 0
+            result = recover_pass(
+                api,
+                load(),
+                out,
+                journal=journal,
+                limits=limits,
+                confirm=confirm,
+                probes=probes,
+                clock=clock,
+                sleep=sleep,
+                poll_s=min(60.0, interval_s),
+            )
+        except OpsError as exc:
+            if "recoveries" in str(exc) or "not confirmed" in str(exc):
+                raise
+            failures = _failed(failures, str(exc), out, exc)
+        except placement.PlacementError as exc:
+            failures = _failed(failures, str(exc), out, exc)
         except Exception as exc:  # a transient API or GCS problem: try again next time
-            failures += 1
-            text = str(exc) if isinstance(exc, OpsError) else errors.exception_line(exc)
-            if failures >= MAX_FAILED_CHECKS:
-                raise OpsError(f"{failures} checks in a row failed; last: {text}") from exc
-            print(f"{_stamp()} check failed ({failures}/{MAX_FAILED_CHECKS}): {text}", file=out)
+            failures = _failed(failures, errors.exception_line(exc), out, exc)
         else:
             failures = 0
-            if stale:
-                print(f"{_stamp()} {stale}; stopping the watch to start again on it", file=out)
+            if result.outcome == FINISHED:
                 return 0
-            if done:
-                print(f"{_stamp()} training finished ({done}); stopping the watch", file=out)
-                return 0
-            if state not in NEEDS_RECOVERY:
-                print(f"{_stamp()} {target.label}: {state}", file=out)
-            elif recoveries >= max_recoveries:
-                raise OpsError(
-                    f"{target.label} is {state} again after {recoveries} recoveries "
-                    f"(--max-recoveries {max_recoveries}): run `python -m infra.ops recover` "
-                    "or raise the limit"
-                )
-            else:
-                recoveries += 1
-                print(
-                    f"{_stamp()} {target.label}: {state}; recovery {recoveries}/{max_recoveries}",
-                    file=out,
-                )
-                try:
-                    recover_node(target, str(state), pulumi, confirm, out)
-                except UpFailed as exc:
-                    print(f"{_stamp()} recovery {recoveries} failed: {exc}", file=out)
         out.flush()
         sleep(interval_s)
+    return 0
 
 
-def _stamp() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+def _failed(failures: int, text: str, out: TextIO, exc: BaseException) -> int:
+    failures += 1
+    if failures >= MAX_FAILED_CHECKS:
+        raise OpsError(f"{failures} checks in a row failed; last: {text}") from exc
+    print(f"{_stamp()} recover: check failed ({failures}/{MAX_FAILED_CHECKS}): {text}", file=out)
+    return failures
 
 
 # ---------------------------------------------------------------------------------------------
@@ -357,7 +548,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_MAX_RECOVERIES,
         metavar="N",
-        help="recreate the VM at most N times with --watch",
+        help="recreate a lost VM at most N times",
+    )
+    parser.add_argument(
+        "--max-attempts",
+        type=int,
+        default=DEFAULT_MAX_ATTEMPTS,
+        metavar="N",
+        help="new nodes in a row whose boot fails or that do not train, then give up",
+    )
+    parser.add_argument(
+        "--boot-deadline",
+        type=float,
+        default=DEFAULT_BOOT_DEADLINE_S,
+        metavar="S",
+        help="seconds from a node's creation to its first training step",
+    )
+    parser.add_argument(
+        "--request",
+        metavar="URI",
+        help="the recorded create request (gs://.../recovery/<stack>-<role>.json); "
+        "default: the stack output <role>RecoveryRecord",
+    )
+    parser.add_argument(
+        "--journal",
+        metavar="PATH",
+        help="keep the recovery counts in this JSON file between runs (default: in memory)",
     )
     parser.add_argument(
         "-y", "--yes", action="store_true", help="recreate without asking (needed without a TTY)"
@@ -373,11 +589,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def request_uri(args: argparse.Namespace) -> str:
+    """--request, else the stack's `<vm>RecoveryRecord` output.
+
+    Raises:
+        OpsError: no such output (a stack written by an older checkout).
+    """
+    if args.request:
+        return str(args.request)
+    from infra.ops.stack_outputs import load_outputs, release_message
+
+    outputs = load_outputs(args.stack, args.outputs)
+    if args.vm == "train":
+        released = release_message(outputs)
+        if released is not None:
+            from infra.errors import Released
+
+            raise Released(released)
+    uri = outputs.get(f"{args.vm}RecoveryRecord")
+    if not isinstance(uri, str) or not uri:
+        raise OpsError(
+            f"the stack has no {args.vm}RecoveryRecord output: run `pulumi up` once with this "
+            "checkout (it records the node's create request), or pass --request"
+        )
+    return uri
+
+
 def run(
     args: argparse.Namespace,
     out: TextIO,
     *,
-    tpu_client_factory: Callable[[], tpu_api.TpuApi] | None = None,
+    tpu_client_factory: Callable[[], Any] | None = None,
     stdin: TextIO | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
@@ -390,9 +632,11 @@ def run(
         raise OpsError(f"--interval {args.interval:g}: must be > 0 seconds")
     if args.max_recoveries < 0:
         raise OpsError(f"--max-recoveries {args.max_recoveries}: must be >= 0")
+    if args.max_attempts < 1:
+        raise OpsError(f"--max-attempts {args.max_attempts}: must be >= 1")
+    if args.boot_deadline <= 0:
+        raise OpsError(f"--boot-deadline {args.boot_deadline:g}: must be > 0 seconds")
     stdin = stdin or sys.stdin
-    target = target_from_outputs(load_outputs(args.stack, args.outputs), args.vm)
-    confirm = confirmer(args.yes, stdin, out)
     if args.watch and not args.yes and not stdin.isatty():
         raise OpsError(
             "refusing to --watch without --yes when stdin is not a terminal "
@@ -400,18 +644,32 @@ def run(
         )
     if args.until_new_source and not args.watch:
         raise OpsError("--until-new-source: only with --watch")
-    client = tpu_api.client(tpu_client_factory)
+    uri = request_uri(args)
+    target = record_mod.load(uri)
+    if target.role != args.vm:
+        raise OpsError(f"{uri}: records the {target.role} VM, not --vm {args.vm}")
+    api = tpu_api.GoogleTpuApi(tpu_api.client(tpu_client_factory))
+    limits = Limits(args.max_recoveries, args.max_attempts, args.boot_deadline)
+    journal = Journal(args.journal)
+    confirm = confirmer(args.yes, stdin, out)
     if args.watch:
         return watch(
-            target,
-            client,
-            confirm,
+            api,
+            lambda: record_mod.load(uri),
             out,
-            stack=args.stack,
+            journal=journal,
+            limits=limits,
             interval_s=args.interval,
-            max_recoveries=args.max_recoveries,
+            confirm=confirm,
             sleep=sleep,
             outdated=source_changed(*args.until_new_source) if args.until_new_source else None,
         )
-    recover_once(target, client, confirm, out, stack=args.stack)
-    return 0
+    # A person asked for this pass: an earlier "gave up" is theirs to override.
+    state = journal.load(request_digest(target.request))
+    if state["gave_up"]:
+        journal.save({**state, "gave_up": None, "attempts": 0, "judged": []})
+    try:
+        result = recover_pass(api, target, out, journal=journal, limits=limits, confirm=confirm)
+    except placement.PlacementError as exc:
+        raise OpsError(str(exc)) from None
+    return 1 if result.outcome == GAVE_UP else 0

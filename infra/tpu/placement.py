@@ -442,6 +442,8 @@ def place(
             raise PlacementError(
                 f"TPU node {request.node_id}: created in {zone} but the API does not return it"
             )
+        if not _owned(node, _owner_of(request)):  # a 409 adopts only what is this stack's
+            raise _foreign(request, zone, node.get("labels") or {}, "node")
         if refusals:
             say(f"{zone}: {request.node_id} placed after {len(refusals)} zone(s) refused")
         return Placement(zone, node, queued, tuple(refusals))
@@ -524,14 +526,45 @@ def _create_in(
     """Creates the node in `zone` (directly, or queued and waited for; `adopted`: the queued
     resource exists already). Returns the queued resource's name, or None."""
     if request.queue is None:
-        api.create_node(request.parent(zone), request.node_id, marked(request.node))
+        try:
+            api.create_node(request.parent(zone), request.node_id, marked(request.node))
+        except Exception as exc:
+            if not already_exists(exc):
+                raise
+            _racing(request, zone, "node", say)
         return None
     if not adopted:
-        api.create_queued_resource(
-            request.parent(zone), request.node_id, queued_body(request, zone)
-        )
+        try:
+            api.create_queued_resource(
+                request.parent(zone), request.node_id, queued_body(request, zone)
+            )
+        except Exception as exc:
+            if not already_exists(exc):
+                raise
+            _racing(request, zone, "queued resource", say)
     _await_queue(api, request, zone, say, sleep, clock, poll_s, report_every_s)
     return request.queued_name(zone)
+
+
+def already_exists(exc: BaseException) -> bool:
+    """Whether a create failed because its name is taken (409 ALREADY_EXISTS): between this
+    caller's reads and its create, another one (a laptop's `ops recover` and the recovery
+    controller at once, or a controller restarted mid-recovery) created it."""
+    try:
+        from google.api_core import exceptions  # lazy: only the real client raises these
+    except ImportError:  # pragma: no cover - google-api-core is a declared dependency
+        return "already exists" in str(exc).lower()
+    return isinstance(exc, exceptions.Conflict) or "already exists" in str(exc).lower()
+
+
+def _racing(request: Request, zone: str, what: str, say: Say) -> None:
+    """A create refused with ALREADY_EXISTS: the name is fixed per zone, so what holds it is the
+    one node this request wants, made by another caller. Adopted (its ownership is checked once
+    it is read back), never created a second time under another name."""
+    say(
+        f"{zone}: {what} {request.node_id} already exists (another caller created it since this "
+        "one looked); adopting it"
+    )
 
 
 class QueueGaveUp(InfraError):

@@ -1,377 +1,464 @@
-"""`python -m infra.ops recover`: a fake Cloud TPU client and a fake `pulumi` executable on PATH."""
+"""Recovery through the Cloud TPU API (infra/ops/recover.py) against the local Cloud TPU API and
+the real client (tests/fixtures/tpu_api.py): preemption, zones without capacity, queued
+resources, failed boots, no training progress, a caller restarted mid-recovery, two callers at
+once, and the TpuNode provider's read and diff after such an out-of-band recreation."""
 
 from __future__ import annotations
 
 import io
 import json
 import pathlib
-import subprocess
-import sys
-import types
+import threading
+import time
 from typing import Any
 
 import pytest
-from google.api_core import exceptions as gexc
 
 from infra.ops import cli as ops
 from infra.ops import recover
+from infra.resources import tpu_node
+from infra.tpu import api as tpu_api
+from infra.tpu import placement
+from infra.tpu import record as record_mod
+from localcloud import tpu_api as local_tpu
+from tests.fixtures import tpu_api as fixture
 
-PARENT = f"urn:pulumi:dev::gemma4-tpu::gemma4-tpu:infra:TpuVm${recover.TPU_NODE_TYPE}"
-URN = f"{PARENT}::train-node"
-SERVE_URN = f"{PARENT}::serve-node"
-TRAIN_NODE = "projects/my-project/locations/us-central1-a/nodes/gemma4-train"
-
-FAKE_PULUMI = """\
-#!{python}
-# A stand-in for the pulumi CLI: serves files next to it and records every call.
-import json, pathlib, sys
-here = pathlib.Path(__file__).parent
-args = [a for a in sys.argv[1:] if a != "--non-interactive"]
-if args == ["version"]:  # the Automation API's version check
-    print("v3.200.0")
-    sys.exit(0)
-with open(here / "calls.jsonl", "a") as log:
-    log.write(json.dumps(args) + "\\n")
-if args[:3] == ["stack", "output", "--json"]:
-    sys.stdout.write((here / "outputs.json").read_text())
-elif args[:2] == ["stack", "export"]:
-    sys.stdout.write((here / "export.json").read_text())
-elif args == ["stack", "ls", "--json"]:
-    print(json.dumps([dict(name="dev", current=True), dict(name="prod", current=False)]))
-elif args[:1] == ["up"]:
-    print("Updating (dev): replacing the TpuNode")
-    rc = here / "up_rc"
-    sys.exit(int(rc.read_text()) if rc.exists() else 0)
-else:
-    sys.exit("fake pulumi: unexpected arguments " + " ".join(args))
-"""
+PROJECT = fixture.PROJECT
+ZONE, ZONE_B = "us-central1-a", "us-east5-a"
+NODE_ID = "gemma4-dev-train"
+SPEC = {
+    "accelerator_type": "v5p-8",
+    "runtime_version": "v2-alpha-tpuv5",
+    "labels": {"app": "gemma4-tpu", "stack": "dev", "role": "train"},
+    "metadata": {"startup-script": "#!/bin/bash\n"},
+    "scheduling_config": {"spot": True},
+    "service_account": {"email": f"gemma4-vm@{PROJECT}.iam.gserviceaccount.com"},
+}
 
 
-class FakeTpu:
-    """The Cloud TPU API boundary: get_node(name=...) answers the next state of a script."""
-
-    def __init__(self, *states: str) -> None:
-        self.states, self.calls = list(states), []
-
-    def __call__(self) -> FakeTpu:  # used as the client factory
-        return self
-
-    def get_node(self, *, name: str) -> Any:
-        self.calls.append(name)
-        state = self.states.pop(0) if len(self.states) > 1 else self.states[0]
-        if state == "NOT_FOUND":
-            raise gexc.NotFound(f"Resource '{name}' was not found")
-        if state == "DENIED":
-            raise gexc.PermissionDenied("tpu.nodes.get denied on my-project")
-        return types.SimpleNamespace(state=types.SimpleNamespace(name=state))
+def _props(zones: tuple[str, ...] = (ZONE, ZONE_B), queue: Any = None) -> dict[str, Any]:
+    return {"project": PROJECT, "node_id": NODE_ID, "zones": list(zones), "queue": queue, **SPEC}
 
 
-def _deployment(role: str, node: str, zone: str, run_dir: str) -> dict[str, Any]:
-    return {
-        "vm": node,
-        "role": role,
-        "project": "my-project",
-        "zone": zone,
-        "hosts": ["203.0.113.7"],
-        "ssh_user": "gemma4",
-        "units": [f"gemma4-{role}.service"],
-        "run_dir": run_dir,
-    }
-
-
-def _tpu_node(urn: str, node: str, zone: str, **extra: Any) -> dict[str, Any]:
-    """A TpuNode in `pulumi stack export`: the zone it was placed in is an output."""
-    return {
-        "urn": urn,
-        "type": recover.TPU_NODE_TYPE,
-        "id": f"projects/my-project/locations/{zone}/nodes/{node}",
-        "inputs": {"node_id": node, "zones": ["us-central1-a", "us-east5-a"]},
-        "outputs": {"node_id": node, "zone": zone, "state": "READY"},
-        **extra,
-    }
-
-
-@pytest.fixture
-def cli(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
-    """A fake `pulumi` first on PATH serving a train + serve stack; `.calls()` lists its argv."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    outputs = {
-        "trainNode": "gemma4-train",
-        "trainZone": "us-central1-a",
-        "runDir": str(run_dir),
-        "deployments": {
-            "train": _deployment("train", "gemma4-train", "us-central1-a", str(run_dir)),
-            "serve": _deployment("serve", "gemma4-serve", "asia-northeast1-b", str(run_dir)),
-        },
-    }
-    export = {
-        "version": 3,
-        "deployment": {
-            "manifest": {"version": "v3.200.0"},
-            "resources": [
-                {"urn": "urn:pulumi:dev::gemma4-tpu::pulumi:pulumi:Stack::gemma4-tpu-dev",
-                 "type": "pulumi:pulumi:Stack"},
-                {"urn": "urn:pulumi:dev::gemma4-tpu::gemma4-tpu:infra:TpuVm::train",
-                 "type": "gemma4-tpu:infra:TpuVm"},
-                # A leftover of an interrupted replacement: must not be picked.
-                _tpu_node(URN, "gemma4-train", "us-central1-a", delete=True),
-                _tpu_node(URN, "gemma4-train", "us-central1-a"),
-                _tpu_node(SERVE_URN, "gemma4-serve", "asia-northeast1-b"),
-            ],
-        },
-    }  # fmt: skip
-    (bin_dir / "outputs.json").write_text(json.dumps(outputs))
-    (bin_dir / "export.json").write_text(json.dumps(export))
-    fake = bin_dir / "pulumi"
-    fake.write_text(FAKE_PULUMI.format(python=sys.executable))
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-
-    def calls() -> list[list[str]]:
-        log = bin_dir / "calls.jsonl"
-        return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-
-    return types.SimpleNamespace(
-        bin=bin_dir, pulumi=str(fake), run_dir=run_dir, outputs=outputs, export=export, calls=calls
+def _target(tmp_path: pathlib.Path, **kwargs: Any) -> record_mod.Recorded:
+    """The recorded request as `pulumi up` writes it, read back the way recovery reads it."""
+    run_dir, reports = tmp_path / "run", tmp_path / "boot"
+    run_dir.mkdir(exist_ok=True)
+    reports.mkdir(exist_ok=True)
+    data = record_mod.to_record(
+        _props(**kwargs),
+        role="train",
+        run_dir=str(run_dir),
+        boot_reports=str(reports),
+        node_keys=tpu_node.NODE_KEYS,
     )
+    path = tmp_path / "train.json"
+    path.write_text(record_mod.dumps(data))
+    return record_mod.load(str(path))
 
 
-class Tty(io.StringIO):
-    def isatty(self) -> bool:
-        return True
+def _name(zone: str = ZONE) -> str:
+    return f"projects/{PROJECT}/locations/{zone}/nodes/{NODE_ID}"
 
 
-def _run(
-    argv: list[str], tpu: FakeTpu, stdin: io.StringIO | None = None, **kwargs: Any
-) -> tuple[int, str]:
+def _place(target: record_mod.Recorded) -> placement.Placement:
+    return placement.place(tpu_api.GoogleTpuApi(), target.request, say=lambda _: None, poll_s=0.05)
+
+
+def _pass(target: record_mod.Recorded, **kwargs: Any) -> tuple[recover.Pass, list[str]]:
     out = io.StringIO()
-    args = ops.build_parser().parse_args(argv)
-    code = recover.run(args, out, tpu_client_factory=tpu, stdin=stdin or io.StringIO(), **kwargs)
-    return code, out.getvalue()
-
-
-def _main(argv: list[str], tpu: FakeTpu, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    code = ops.main(argv, out=io.StringIO(), tpu_client_factory=tpu)
-    return code, capsys.readouterr().err
-
-
-@pytest.mark.parametrize("state", ["PREEMPTED", "TERMINATED", "NOT_FOUND"])
-def test_a_lost_node_is_replaced_with_the_exact_pulumi_up(cli, state: str) -> None:
-    tpu = FakeTpu(state)
-    code, out = _run(["--stack", "dev", "recover", "--yes"], tpu)
-    assert code == 0
-    assert tpu.calls == [TRAIN_NODE]
-    assert cli.calls() == [  # secrets are never decrypted: no --show-secrets anywhere
-        ["stack", "output", "--json", "--stack", "dev"],
-        ["stack", "export", "--stack", "dev"],
-        ["up", "--yes", "--skip-preview", "--replace", URN, "--stack", "dev"],
-    ]
-    assert f"train VM gemma4-train in us-central1-a is {state}: recreating it" in out
-    assert "recreated and the job redeployed; training resumes from its latest checkpoint" in out
-
-
-def test_the_stack_comes_from_the_urn_when_none_is_selected(cli) -> None:
-    code, _ = _run(["recover", "--vm", "serve", "-y"], FakeTpu("PREEMPTED"))
-    assert code == 0
-    assert cli.calls()[-1] == [
-        "up", "--yes", "--skip-preview", "--replace", SERVE_URN, "--stack", "dev"
-    ]  # fmt: skip
-
-
-@pytest.mark.parametrize("state", ["READY", "CREATING", "REPAIRING"])
-def test_a_live_node_is_left_alone(cli, state: str) -> None:
-    code, out = _run(["recover"], FakeTpu(state))  # no --yes, no terminal: never needed
-    assert code == 0
-    assert out == f"train VM gemma4-train in us-central1-a: {state}; nothing to do\n"
-    assert cli.calls() == [  # the current stack, never selected: named in every command
-        ["stack", "ls", "--json"],
-        ["stack", "output", "--json", "--stack", "dev"],
-    ]
-
-
-def test_confirmation_is_asked_on_a_terminal_and_refused_without_one(cli, capsys) -> None:
-    code, err = _main(["recover"], FakeTpu("PREEMPTED"), capsys)
-    assert (code, err.count("\n")) == (2, 1)
-    assert err.startswith("error: refusing to recreate the PREEMPTED train VM gemma4-train")
-    assert err.endswith("(stdin is not a terminal): pass --yes\n")
-
-    with pytest.raises(ops.OpsError, match="not confirmed: the train VM gemma4-train stays"):
-        _run(["recover"], FakeTpu("PREEMPTED"), stdin=Tty("n\n"))
-    assert not any(call[0] == "up" for call in cli.calls())
-
-    code, out = _run(["recover"], FakeTpu("PREEMPTED"), stdin=Tty("y\n"))
-    assert code == 0
-    assert "Recreate the PREEMPTED train VM gemma4-train in us-central1-a" in out
-    assert cli.calls()[-1][:5] == ["up", "--yes", "--skip-preview", "--replace", URN]
-
-
-def test_watch_recovers_once_and_stops_when_the_run_finished(cli) -> None:
-    tpu = FakeTpu("READY", "PREEMPTED", "CREATING", "READY")
-    naps: list[float] = []
-
-    def sleep(seconds: float) -> None:
-        naps.append(seconds)
-        if len(naps) == 4:  # the trainer writes its summary during the fourth wait
-            (cli.run_dir / "train_summary.json").write_text("{}")
-
-    code, out = _run(["recover", "--watch", "--interval", "7", "--yes"], tpu, sleep=sleep)
-    assert code == 0
-    assert naps == [7.0] * 4
-    assert len(tpu.calls) == 4
-    assert [c for c in cli.calls() if c[0] == "up"] == [
-        ["up", "--yes", "--skip-preview", "--replace", URN, "--stack", "dev"]
-    ]
-    checks = [line.split(" ", 1)[1] for line in out.splitlines() if line[:1].isdigit()]
-    assert checks == [
-        "watching train VM gemma4-train in us-central1-a every 7 s until train_summary.json "
-        "exists (at most 10 recoveries)",
-        "train VM gemma4-train in us-central1-a: READY",
-        "train VM gemma4-train in us-central1-a: PREEMPTED; recovery 1/10",
-        "train VM gemma4-train in us-central1-a: CREATING",
-        "train VM gemma4-train in us-central1-a: READY",
-        f"training finished ({cli.run_dir}/train_summary.json); stopping the watch",
-    ]
-
-
-def test_watch_retries_a_failed_up_and_is_bounded_by_max_recoveries(cli) -> None:
-    (cli.bin / "up_rc").write_text("255")
-    tpu = FakeTpu("PREEMPTED")
-    with pytest.raises(ops.OpsError) as info:
-        _run(["recover", "--watch", "--max-recoveries", "2", "-y"], tpu, sleep=lambda _s: None)
-    assert str(info.value) == (
-        "train VM gemma4-train in us-central1-a is PREEMPTED again after 2 recoveries "
-        "(--max-recoveries 2): run `python -m infra.ops recover` or raise the limit"
+    result = recover.recover_pass(
+        tpu_api.GoogleTpuApi(), target, out, poll_s=0.05, sleep=time.sleep, **kwargs
     )
-    assert len([c for c in cli.calls() if c[0] == "up"]) == 2
+    return result, out.getvalue().splitlines()
 
 
-def test_watch_survives_a_few_failed_checks_but_not_many(cli) -> None:
-    tpu = FakeTpu("DENIED", "READY", "DENIED")
-    naps: list[float] = []
-    with pytest.raises(ops.OpsError, match=r"^5 checks in a row failed; last: cannot read"):
-        _run(["recover", "--watch", "-y"], tpu, sleep=naps.append)
-    assert len(tpu.calls) == 7  # 1 failure, 1 READY, then 5 failures in a row
-    assert naps == [recover.DEFAULT_INTERVAL_S] * 6
+def _train(target: record_mod.Recorded) -> None:
+    """The trainer's step on the new node: a line in metrics.jsonl."""
+    assert target.run_dir
+    with open(f"{target.run_dir}/metrics.jsonl", "a") as handle:
+        handle.write('{"step": 1}\n')
 
 
-def test_watch_without_yes_needs_a_terminal(cli, capsys) -> None:
-    code, err = _main(["recover", "--watch"], FakeTpu("READY"), capsys)
-    assert (code, err) == (
-        2,
-        "error: refusing to --watch without --yes when stdin is not a terminal "
-        "(nobody could confirm a recovery): pass --yes\n",
-    )
+def _live(server: local_tpu.TpuApiServer) -> list[str]:
+    return [n for n, node in server.nodes.items() if node["state"] not in ("DELETING",)]
 
 
-def test_problems_are_one_line_errors(
-    cli, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys
+def test_a_preempted_node_is_deleted_and_recreated_from_the_recorded_request(
+    tpu_cloud: local_tpu.TpuApiServer, tmp_path: pathlib.Path
 ) -> None:
-    def error(argv: list[str], state: str = "PREEMPTED", status: int = 2) -> str:
-        code, err = _main(argv, FakeTpu(state), capsys)
-        assert code == status
-        assert err.startswith("error: ") and err.count("\n") == 1, err
-        return err.removeprefix("error: ").rstrip("\n")
+    target = _target(tmp_path)
+    first = _place(target)
+    old_id = tpu_cloud.nodes[_name()]["id"]
+    tpu_cloud.preempt(_name())
 
-    # No such VM in this stack.
-    only_train = {**cli.outputs, "deployments": {"train": cli.outputs["deployments"]["train"]}}
-    (cli.bin / "outputs.json").write_text(json.dumps(only_train))
-    assert error(["recover", "--vm", "serve"]) == (
-        "the stack has no serve VM (the serving VM exists only with serving.enabled: true); "
-        "it has: train"
-    )
-    (cli.bin / "outputs.json").write_text(json.dumps(cli.outputs))
+    result, lines = _pass(target)
+    assert result.outcome == recover.RECREATED and result.zone == ZONE, lines
+    node = tpu_cloud.nodes[_name()]
+    assert node["state"] == "READY" and node["id"] != old_id and _live(tpu_cloud) == [_name()]
+    # The same spec as `pulumi up` placed: metadata, accelerator, spot, labels (+ placed-by).
+    assert node["metadata"] == SPEC["metadata"] and node["schedulingConfig"] == {"spot": True}
+    assert node["labels"] == {**SPEC["labels"], **placement.PLACED_BY}
+    assert first.zone == ZONE
+    assert any("recreating it (recovery 1/10)" in line for line in lines), lines
+    assert "created in us-central1-a" in lines[-1], lines
 
-    # The URN is not in the export.
-    export = {"deployment": {"resources": cli.export["deployment"]["resources"][:2]}}
-    (cli.bin / "export.json").write_text(json.dumps(export))
-    assert error(["recover", "-y"]) == (
-        f"no {recover.TPU_NODE_TYPE} resource for node gemma4-train in the stack's state "
-        "(`pulumi stack export`): this stack does not manage that node"
-    )
-    (cli.bin / "export.json").write_text(json.dumps(cli.export))
-
-    # pulumi up fails.
-    (cli.bin / "up_rc").write_text("3")
-    assert error(["--stack", "dev", "recover", "-y"]) == (
-        f"`pulumi up --yes --skip-preview --replace '{URN}' --stack dev` failed with exit code 3 "
-        "(its output is above)"
-    )
-
-    # The TPU API refuses: its own exit status (4), not a usage error's.
-    assert error(["recover", "-y"], "DENIED", status=4) == (
-        f"cannot read the state of TPU node {TRAIN_NODE}: PermissionDenied: "
-        "403 tpu.nodes.get denied on my-project"
-    )
-
-    # No pulumi CLI (outputs from a file): only needed once there is something to recreate.
-    outputs_file = tmp_path / "outputs.json"
-    outputs_file.write_text(json.dumps(cli.outputs))
-    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
-    code, _ = _main(["--outputs", str(outputs_file), "recover"], FakeTpu("READY"), capsys)
-    assert code == 0
-    assert error(["--outputs", str(outputs_file), "recover", "-y"]).startswith(
-        "the pulumi CLI is not on PATH: recover recreates the VM with `pulumi up --replace`"
-    )
-    assert error(["--outputs", str(outputs_file), "recover", "--interval", "0"]) == (
-        "--interval 0: must be > 0 seconds"
-    )
+    _train(target)
+    again, lines = _pass(target)
+    assert again.outcome == recover.HEALTHY and "READY and training" in lines[-1], lines
 
 
-def test_find_urn_matches_the_node_name_and_the_zone_it_was_placed_in() -> None:
-    target = recover.Target("train", "n1", "us-east5-a", "p", None)
-    other_zone = _tpu_node(
-        "urn:pulumi:prod::x::pulumi-python:dynamic/gemma4:TpuNode::b", "n1", "europe-west4-a"
-    )
-    same = _tpu_node(
-        "urn:pulumi:prod::x::pulumi-python:dynamic/gemma4:TpuNode::a", "n1", "us-east5-a"
-    )
-    export = {"deployment": {"resources": [other_zone, same]}}
-    assert recover.find_urn(export, target) == same["urn"]
-    assert recover.stack_of(same["urn"]) == "prod"
+def test_a_training_node_and_a_finished_run_are_left_alone(
+    tpu_cloud: local_tpu.TpuApiServer, tmp_path: pathlib.Path
+) -> None:
+    target = _target(tmp_path)
+    _place(target)
+    _train(target)
+    calls = len(tpu_cloud.calls)
+    result, _ = _pass(target)
+    assert result.outcome == recover.HEALTHY
+    assert all(verb == "GET" for _, verb, _, _ in tpu_cloud.calls[calls:])
+    assert target.run_dir
+    pathlib.Path(target.run_dir, "train_summary.json").write_text("{}")
+    tpu_cloud.preempt(_name())
+    result, lines = _pass(target)
+    assert result.outcome == recover.FINISHED and tpu_cloud.state(_name()) == "PREEMPTED", lines
 
 
-def test_the_cli_entry_point_runs_the_ops_module(cli, tmp_path: pathlib.Path) -> None:
-    """`python -m infra.ops recover` end to end in a subprocess (one-line error, exit 2)."""
-    root = pathlib.Path(__file__).resolve().parents[3]
-    proc = subprocess.run(
-        [sys.executable, "-m", "infra.ops", "recover", "--vm", "serve", "--interval", "-1"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert (proc.returncode, proc.stderr) == (2, "error: --interval -1: must be > 0 seconds\n")
-    assert proc.stdout == ""
+def test_a_zone_without_capacity_sends_the_new_node_to_the_next_zone(
+    tpu_cloud: local_tpu.TpuApiServer, tmp_path: pathlib.Path
+) -> None:
+    target = _target(tmp_path)
+    _place(target)
+    tpu_cloud.preempt(_name())
+    tpu_cloud.zone(ZONE).capacity = False
+    result, lines = _pass(target)
+    assert result.outcome == recover.RECREATED and result.zone == ZONE_B, lines
+    assert _live(tpu_cloud) == [_name(ZONE_B)]  # the preempted one in ZONE was deleted
+    assert any("us-central1-a: cannot place" in line for line in lines), lines
 
 
-def test_watch_ends_between_checks_when_a_new_source_is_uploaded(cli, tmp_path) -> None:
-    """The recovery controller's service starts again on the source a later `pulumi up`
-    uploaded; the watch ends only between checks, never inside a recovery."""
-    uploaded, installed = tmp_path / "uploaded.tar.gz", tmp_path / "installed.tar.gz"
-    uploaded.write_bytes(b"source 1")
-    installed.write_bytes(b"source 1")
-    tpu = FakeTpu("READY", "PREEMPTED", "READY")
-    naps: list[float] = []
+def test_no_capacity_anywhere_is_one_line_and_counts_no_recovery(
+    tpu_cloud: local_tpu.TpuApiServer, tmp_path: pathlib.Path
+) -> None:
+    target = _target(tmp_path)
+    _place(target)
+    tpu_cloud.preempt(_name())
+    tpu_cloud.zone(ZONE).capacity = tpu_cloud.zone(ZONE_B).capacity = False
+    journal = recover.Journal(str(tmp_path / "journal.json"))
+    result, _ = _pass(target, journal=journal)
+    assert result.outcome == recover.WAITING and "no zone could take it" in result.line
+    assert _live(tpu_cloud) == []  # nothing bills while it waits for capacity
+    assert journal.load(recover.request_digest(target.request))["recoveries"] == 0
+
+
+def test_a_queued_resource_waits_for_capacity_then_its_node_comes_up(
+    tpu_cloud: local_tpu.TpuApiServer, tmp_path: pathlib.Path
+) -> None:
+    target = _target(tmp_path, zones=(ZONE,), queue={"spot": True, "valid_for_s": 600})
+    _place(target)
+    tpu_cloud.preempt(_name())  # its queued resource is SUSPENDED with it
+    tpu_cloud.zone(ZONE).capacity = False
+    threading.Timer(0.8, lambda: setattr(tpu_cloud.zone(ZONE), "capacity", True)).start()
+    result, lines = _pass(target)
+    assert result.outcome == recover.RECREATED, lines
+    queued = f"projects/{PROJECT}/locations/{ZONE}/queuedResources/{NODE_ID}"
+    assert tpu_cloud.queued[queued]["state"]["state"] == "ACTIVE"
+    assert tpu_cloud.nodes[_name()]["queuedResource"] == queued
+    assert any("WAITING_FOR_RESOURCES" in line for line in lines), lines
+
+
+class FailingBoot(local_tpu.NoWorkers):
+    """Workers whose startup script fails: each writes its boot-failed line to the bucket's
+    report folder, as templates/startup/_common.sh.j2's boot_ended does."""
+
+    def __init__(self, reports: pathlib.Path) -> None:
+        super().__init__()
+        self.reports = reports
+
+    def boot(self, node: dict[str, Any]) -> list[str]:
+        workers = super().boot(node)
+        for host in workers:
+            line = f"stage venv failed (exit 1) on {host}: pip: 503 Service Unavailable"
+            (self.reports / f"{host}.failed").write_text(line + "\n")
+        return workers
+
+
+def test_a_node_whose_boot_fails_is_retried_then_deleted_and_reported_in_one_line(
+    tpu_cloud: local_tpu.TpuApiServer, tmp_path: pathlib.Path
+) -> None:
+    target = _target(tmp_path)
+    _place(target)
+    assert target.boot_reports
+    tpu_cloud.hooks = FailingBoot(pathlib.Path(target.boot_reports))
+    tpu_cloud.preempt(_name())
+    journal = recover.Journal(str(tmp_path / "journal.json"))
+    limits = recover.Limits(max_attempts=2)
+
+    outcomes = []
+    for _ in range(3):
+        result, lines = _pass(target, journal=journal, limits=limits)
+        outcomes.append(result.outcome)
+    assert outcomes == [recover.RECREATED, recover.RECREATED, recover.GAVE_UP], lines
+    assert "gave up after 2 new node(s)" in result.line and "503" in result.line
+    assert "nothing of it bills" in result.line
+    tpu_cloud.wait_state(_name(), (None,), 10)
+    assert _live(tpu_cloud) == []
+    # A restarted caller reads the journal: it stays given up and creates nothing.
+    calls = len(tpu_cloud.calls)
+    again, _ = _pass(target, journal=recover.Journal(str(tmp_path / "journal.json")))
+    assert again.outcome == recover.GAVE_UP
+    assert all(verb == "GET" for _, verb, _, _ in tpu_cloud.calls[calls:])
+
+
+def test_a_ready_node_that_never_trains_is_replaced_after_the_deadline(
+    tpu_cloud: local_tpu.TpuApiServer, tmp_path: pathlib.Path
+) -> None:
+    target = _target(tmp_path)
+    _place(target)
+    limits = recover.Limits(boot_deadline_s=4.0)  # the client polls operations about 1 s apart
+    result, lines = _pass(target, limits=limits)
+    assert result.outcome == recover.WAITING and "no training step yet" in result.line, lines
+    first_id = tpu_cloud.nodes[_name()]["id"]
+    time.sleep(4.2)
+    result, lines = _pass(target, limits=limits)
+    assert result.outcome == recover.RECREATED, lines
+    assert any("failed: no training step within 4 s of its creation" in line for line in lines)
+    assert tpu_cloud.nodes[_name()]["id"] != first_id and _live(tpu_cloud) == [_name()]
+    _train(target)
+    assert _pass(target, limits=limits)[0].outcome == recover.HEALTHY
+
+
+def test_a_caller_restarted_mid_recovery_adopts_the_node_being_created(
+    tpu_cloud: local_tpu.TpuApiServer, tmp_path: pathlib.Path
+) -> None:
+    target = _target(tmp_path)
+    _place(target)
+    tpu_cloud.preempt(_name())
+    # The first controller deleted the preempted node and sent its create, then was killed.
+    api = tpu_api.GoogleTpuApi()
+    api.delete_node(_name())
+    tpu_cloud.create_s = 1.0
+    client = tpu_api.tpu_client()
+    parent = target.request.parent(ZONE)
+    client.create_node(
+        parent=parent, node_id=NODE_ID, node=placement.marked(target.request.node)
+    )  # not waited on
+    assert tpu_cloud.state(_name()) == "CREATING"
+    result, lines = _pass(target)  # the restarted controller
+    assert result.outcome == recover.WAITING and "CREATING; left alone" in result.line, lines
+    tpu_cloud.wait_state(_name(), ("READY",), 10)
+    assert _live(tpu_cloud) == [_name()]
+
+
+def test_a_caller_restarted_while_its_queue_waits_adopts_the_queue(
+    tpu_cloud: local_tpu.TpuApiServer, tmp_path: pathlib.Path
+) -> None:
+    target = _target(tmp_path, zones=(ZONE,), queue={"spot": True, "valid_for_s": 600})
+    request = target.request
+    tpu_cloud.zone(ZONE).capacity = False
+    api = tpu_api.GoogleTpuApi()
+    api.create_queued_resource(
+        request.parent(ZONE), NODE_ID, placement.queued_body(request, ZONE)
+    )  # the killed controller's request, still in line
+    threading.Timer(0.8, lambda: setattr(tpu_cloud.zone(ZONE), "capacity", True)).start()
+    result, lines = _pass(target)
+    assert result.outcome == recover.RECREATED, lines
+    assert any("from an earlier up is" in line and "waiting on it" in line for line in lines)
+    assert list(tpu_cloud.queued) == [request.queued_name(ZONE)] and _live(tpu_cloud) == [_name()]
+
+
+class Racing:
+    """A PlacementApi whose first node create is preceded by another caller's create of the same
+    node: the 409 ALREADY_EXISTS race of a laptop and the controller, made deterministic."""
+
+    def __init__(self, api: tpu_api.GoogleTpuApi) -> None:
+        self.api = api
+        self.raced = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.api, name)
+
+    def create_node(self, parent: str, node_id: str, node: Any) -> None:
+        if not self.raced:
+            self.raced = True
+            other = tpu_api.tpu_client()
+            other.create_node(parent=parent, node_id=node_id, node=dict(node)).result(30)
+        self.api.create_node(parent, node_id, node)
+
+
+def test_a_create_refused_with_already_exists_adopts_the_other_callers_node(
+    tpu_cloud: local_tpu.TpuApiServer, tmp_path: pathlib.Path
+) -> None:
+    target = _target(tmp_path)
+    _place(target)
+    tpu_cloud.preempt(_name())
+    out = io.StringIO()
+    result = recover.recover_pass(Racing(tpu_api.GoogleTpuApi()), target, out)
+    assert result.outcome == recover.RECREATED, out.getvalue()
+    assert "already exists (another caller created it" in out.getvalue()
+    assert _live(tpu_cloud) == [_name()]
+    assert [c for c in tpu_cloud.calls if c[1] == "POST" and c[3] == 409], tpu_cloud.calls
+
+
+def test_a_laptop_and_the_controller_at_once_make_one_node(
+    tpu_cloud: local_tpu.TpuApiServer, tmp_path: pathlib.Path
+) -> None:
+    target = _target(tmp_path)
+    _place(target)
+    tpu_cloud.preempt(_name())
+    tpu_cloud.create_s = 0.5
+    results: list[Any] = []
+
+    def one() -> None:
+        try:
+            results.append(_pass(target)[0].outcome)
+        except Exception as exc:  # the test reports what either caller raised
+            results.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    tpu_cloud.wait_state(_name(), ("READY",), 10)
+    assert _live(tpu_cloud) == [_name()], (results, tpu_cloud.calls)
+    assert all(r in (recover.RECREATED, recover.WAITING) for r in results), results
+
+
+def test_the_watch_recovers_and_stops_when_the_run_finished(
+    tpu_cloud: local_tpu.TpuApiServer, tmp_path: pathlib.Path
+) -> None:
+    target = _target(tmp_path)
+    _place(target)
+    tpu_cloud.preempt(_name())
+    out = io.StringIO()
+    sleeps: list[float] = []
 
     def sleep(seconds: float) -> None:
-        naps.append(seconds)
-        if len(naps) == 2:  # the user's `pulumi up` uploads a new archive after the recovery
-            uploaded.write_bytes(b"source 2")
+        sleeps.append(seconds)
+        if len(sleeps) == 1:  # after the recovery, the new node trains, then finishes
+            _train(target)
+        if len(sleeps) == 2:
+            pathlib.Path(str(target.run_dir), "train_summary.json").write_text("{}")
 
-    argv = ["recover", "--watch", "-y", "--until-new-source", str(uploaded), str(installed)]
-    code, out = _run(argv, tpu, sleep=sleep)
-    assert code == 0
-    assert len(tpu.calls) == 2 and len(naps) == 2
-    assert len([c for c in cli.calls() if c[0] == "up"]) == 1
-    assert out.splitlines()[-1].split(" ", 1)[1] == (
-        f"a new source was uploaded to {uploaded}; stopping the watch to start again on it"
+    code = recover.watch(tpu_api.GoogleTpuApi(), lambda: target, out, interval_s=5, sleep=sleep)
+    lines = out.getvalue().splitlines()
+    assert code == 0 and sleeps == [5, 5], lines
+    said = [
+        next(i for i, line in enumerate(lines) if words in line)
+        for words in (
+            "recreating it (recovery 1/10)",
+            "created in us-central1-a",
+            "READY and training",
+            "training finished",
+        )
+    ]
+    assert said == sorted(said), lines
+
+
+def test_the_cli_runs_one_pass_from_the_recorded_request(
+    tpu_cloud: local_tpu.TpuApiServer, tmp_path: pathlib.Path
+) -> None:
+    target = _target(tmp_path)
+    _place(target)
+    tpu_cloud.preempt(_name())
+    out = io.StringIO()
+    code = ops.main(
+        ["recover", "--request", str(tmp_path / "train.json"), "--yes", "--journal", "j.json"],
+        out=out,
     )
+    assert code == 0 and tpu_cloud.state(_name()) == "READY", out.getvalue()
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({"trainRecoveryRecord": str(tmp_path / "train.json")}))
+    _train(target)
+    out = io.StringIO()
+    assert ops.main(["--outputs", str(outputs), "recover"], out=out) == 0
+    assert "READY and training" in out.getvalue()
 
 
-def test_until_new_source_needs_watch(cli) -> None:
-    with pytest.raises(ops.OpsError, match=r"^--until-new-source: only with --watch$"):
-        _run(["recover", "-y", "--until-new-source", "a", "b"], FakeTpu("READY"))
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--interval", "0"], "--interval 0: must be > 0 seconds"),
+        (["--max-attempts", "0"], "--max-attempts 0: must be >= 1"),
+        (["--until-new-source", "gs://b/s", "f"], "--until-new-source: only with --watch"),
+        (["--watch"], "refusing to --watch without --yes"),
+    ],
+)
+def test_bad_options_are_one_line(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path
+) -> None:
+    code = ops.main(["recover", "--request", str(tmp_path / "none.json"), *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and expected in err[0], err
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"version": 2}, "version 2: 1 (written by another checkout"),
+        ({"extra": 1}, "key 'extra': one of version, role, request, run_dir, boot_reports"),
+        ({"request": {"zones": []}}, "request key"),
+    ],
+)
+def test_a_bad_record_is_one_line_naming_the_key(
+    change: dict[str, Any], expected: str, tmp_path: pathlib.Path
+) -> None:
+    data = record_mod.to_record(
+        _props(), role="train", run_dir=None, boot_reports=None, node_keys=tpu_node.NODE_KEYS
+    )
+    if change.get("request") == {"zones": []}:
+        data["request"]["zonez"] = []
+    else:
+        data.update(change)
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(recover.OpsError, match=expected.replace("(", r"\(")):
+        record_mod.load(str(path))
+
+
+# -- Pulumi's state catches up: the provider's read and diff after an out-of-band recreation ----
+
+
+def test_the_providers_read_and_diff_keep_a_node_recovery_recreated(
+    tpu_cloud: local_tpu.TpuApiServer, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tpu_node, "known_hosts_file", lambda: tmp_path / "known_hosts")
+    provider = tpu_node.TpuNodeProvider()
+    props = _props()
+    created = provider.create(dict(props))
+    state = dict(created.outs or {})
+    target = _target(tmp_path)
+    tpu_cloud.preempt(created.id)
+    assert _pass(target)[0].outcome == recover.RECREATED  # out of band: Pulumi is not told
+
+    # `pulumi refresh` (or `up --refresh`): the same id reads the new node, READY.
+    read = provider.read(created.id, state)
+    assert read.id == created.id and (read.outs or {})["state"] == "READY"
+    assert (read.outs or {})["network_endpoints"] != state["network_endpoints"]
+    diff = provider.diff(created.id, read.outs or {}, dict(props))
+    assert diff.changes is False and not diff.replaces  # no replacement churn
+    # A plain `up` without refresh diffs against the old state: the node is READY, so it is kept.
+    stale = provider.diff(created.id, state, dict(props))
+    assert not stale.replaces
+
+
+def test_a_recreation_in_another_zone_is_adopted_by_the_next_up(
+    tpu_cloud: local_tpu.TpuApiServer, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tpu_node, "known_hosts_file", lambda: tmp_path / "known_hosts")
+    provider = tpu_node.TpuNodeProvider()
+    props = _props()
+    created = provider.create(dict(props))
+    target = _target(tmp_path)
+    tpu_cloud.preempt(created.id)
+    tpu_cloud.zone(ZONE).capacity = False
+    assert _pass(target)[0].zone == ZONE_B
+
+    # The state's id names the first zone, where nothing is left: read says gone, and the next
+    # `up` creates the resource again, which adopts the node recovery placed (no second slice).
+    assert provider.read(created.id, dict(created.outs or {})).id == ""
+    again = provider.create(dict(props))
+    assert again.id == _name(ZONE_B) and _live(tpu_cloud) == [_name(ZONE_B)]
+    assert provider.diff(again.id, dict(again.outs or {}), dict(props)).changes is False
