@@ -235,3 +235,21 @@ def read_remote_lock(path: str) -> bytes:
     fs, p = storage.filesystem(f"{path}/train.lock")
     fs.invalidate_cache(p)
     return bytes(fs.cat_file(p))
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "nan", "inf", ""])
+def test_a_bad_lease_is_one_line(monkeypatch, value):
+    monkeypatch.setenv("GEMMA4_LOCK_LEASE_S", value)
+    with pytest.raises(errors.UserError) as info:
+        runlock.lease_from_env()
+    assert str(info.value) == (
+        f"GEMMA4_LOCK_LEASE_S={value!r}: expected the gs:// run lock's lease in seconds, a "
+        "number above 0 (unset: 120)"
+    )
+
+
+def test_a_good_lease_is_read(monkeypatch):
+    monkeypatch.setenv("GEMMA4_LOCK_LEASE_S", "2.5")
+    assert runlock.lease_from_env() == 2.5
+    monkeypatch.delenv("GEMMA4_LOCK_LEASE_S")
+    assert runlock.lease_from_env() == 120.0

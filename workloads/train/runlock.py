@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import math
 import os
 import socket
 import threading
@@ -52,8 +53,30 @@ from workloads.common import errors, storage
 from workloads.contract import runconfig
 
 LOCK_FILE = "train.lock"
+LEASE_ENV = "GEMMA4_LOCK_LEASE_S"
+
+
+def lease_from_env() -> float:
+    """GEMMA4_LOCK_LEASE_S, 120 when unset.
+
+    Raises:
+        errors.UserError: not a number of seconds above 0.
+    """
+    raw = os.environ.get(LEASE_ENV, "120")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise errors.UserError(
+            f"{LEASE_ENV}={raw!r}: expected the gs:// run lock's lease in seconds, a number "
+            "above 0 (unset: 120)"
+        )
+    return value
+
+
 # How long a remote lock may go without a renewal before another host takes it over.
-LEASE_S = float(os.environ.get("GEMMA4_LOCK_LEASE_S", "120"))
+LEASE_S = lease_from_env()
 # The holder renews every LEASE_S * RENEW_EVERY; it writes without asking GCS first only while
 # its last renewal (timed from when it was sent) is younger than LEASE_S * WRITE_WITHIN, which
 # leaves the other half of the lease for the write itself and for two hosts' clock rates.
