@@ -17,6 +17,7 @@ from __future__ import annotations
 import pathlib
 import subprocess
 
+from infra.tpu import api as tpu_api
 from localcloud import metadata_server
 from localcloud.machine import HOST_CA, Machine
 
@@ -30,10 +31,15 @@ STAND_INS = (
     "the TPU: JAX's CPU backend with 4 devices",
     "the TPU VM image: Debian 12 (systemd 252) in a systemd-nspawn container, not Ubuntu 22.04",
     "google-guest-agent: a unit that creates the ssh-keys users and runs startup-script",
-    "gcloud: a stand-in for storage cp/ls/rsync, secrets and the TPU delete request (recorded) "
-    "(localcloud/guest/gcloud)",
+    "gcloud: a stand-in for storage cp/ls/rsync, secrets, and tpu-vm delete/stop sent to the "
+    "local Cloud TPU API (localcloud/guest/gcloud)",
     "GCS: fake-gcs-server (the GCS JSON API; no IAM, no latency)",
-    "the Pulumi engine: the program runs under mocks; the SshDeployment provider's code deploys",
+    "the Pulumi engine: the program runs under mocks; the TpuNode provider's code creates, "
+    "replaces and deletes the nodes, the SshDeployment provider's code deploys",
+    "the Cloud TPU API: a local server of its REST protocol (localcloud/tpu_api.py) that the "
+    "real google-cloud-tpu client and the VMs' gcloud reach by endpoint setting",
+    "IAM: every TPU call checked against the program's own roles and bindings with Google's "
+    "permission names (localcloud/iam.py); GCS and Secret Manager do not check",
     "docker and the vLLM TPU image: the CPU build of the same vLLM release, run by a docker "
     "stand-in with tensor/data parallelism 1, the text model's class and eager mode",
     "GitHub: the serving VM's disk carries the verilog-eval checkout (the three problems the "
@@ -51,6 +57,8 @@ class CloudVm:
         metadata: its metadata server (already listening on its own address).
         storage_url: the GCS protocol server's URL.
         secrets: Secret Manager's secrets this VM may read (name -> value), for `gcloud secrets`.
+        tpu_url: the local Cloud TPU API's URL (the VM's gcloud sends its TPU calls there), or
+            None where the VM has none.
     """
 
     def __init__(
@@ -60,12 +68,14 @@ class CloudVm:
         metadata: metadata_server.MetadataServer,
         storage_url: str,
         secrets: dict[str, str] | None = None,
+        tpu_url: str | None = None,
     ) -> None:
         self.machine = machine
         self.address = address
         self.metadata = metadata
         self.storage_url = storage_url
         self.secrets = secrets or {}
+        self.tpu_url = tpu_url
 
     @property
     def name(self) -> str:
@@ -103,6 +113,11 @@ class CloudVm:
             "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
             **CPU_AS_TPU,
         }
+        if self.tpu_url:
+            # gcloud's own endpoint override: the VM's TPU calls (release, stop) go to the local
+            # Cloud TPU API, as the VM's service account (its metadata server's token).
+            environment[tpu_api.ENDPOINT_ENV] = self.tpu_url
+            m.write("/etc/localcloud/tpu-url", self.tpu_url + "\n")
         if HOST_CA.exists():
             # This network re-signs TLS with a CA the host trusts (bound in by Machine); uv
             # reads only its own roots unless told (pip reads /etc/pip.conf).

@@ -1,15 +1,11 @@
 """`python -m localcloud rehearse --stack dev`: the life of a run on containers, before a TPU bills.
 
-Stages (each prints one line with its time):
- 1. plan     the Pulumi program under mocks: each VM's metadata and deployment, as `up` has them
- 2. cloud    the GCS protocol server with the stack's buckets; the tiny Gemma 4 and data in them
- 3. boot     the training VM boots (Debian 12 container): the guest agent runs its startup-script
- 4. deploy   the SshDeployment provider's own code deploys over SSH, waiting for the ready marker
- 5. train    the trainer runs under its unit, checkpointing to the bucket, until a checkpoint lands
- 6. preempt  the VM is killed without warning (SIGKILL to its PID 1)
- 7. reboot   a new VM (fresh disk, new address, new host keys) boots, restores the venv from the
-             bucket's archive and is deployed to
- 8. resume   the trainer resumes from the bucket's newest checkpoint and finishes; the merge runs
+The TPU nodes are created, preempted, replaced and deleted through the local Cloud TPU API
+(localcloud/tpu_api.py) by the project's own TpuNode provider and the real client, with the
+program's IAM checked on every call (localcloud/control_plane.py).
+
+Stages: localcloud/stages.py's STAGES, in order (each prints one line with its time);
+docs/rehearsal.md describes each.
 Then a summary: which VM ran what, and the stand-ins used.
 """
 
@@ -39,7 +35,7 @@ from typing import Any
 import yaml
 
 from infra.errors import InfraError
-from localcloud import cloud_vm, metadata_server, rootfs, stack_plan
+from localcloud import cloud_vm, control_plane, metadata_server, rootfs, stack_plan, stages
 from localcloud.errors import CannotBoot, MachineError
 from localcloud.machine import Machine
 
@@ -78,11 +74,14 @@ class Rehearsal:
         self._saved_env: dict[str, str | None] = {}
         self.addresses = 0
         self.ran: list[str] = []
+        self.control: control_plane.ControlPlane | None = None
 
     # -- bookkeeping -------------------------------------------------------------------------
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[list[str]]:
+        if name not in stages.STAGES:
+            raise ValueError(f"stage {name!r} is not in localcloud/stages.py's STAGES")
         note: list[str] = []
         started = time.monotonic()
         try:
@@ -140,8 +139,15 @@ class Rehearsal:
         ) as resp:
             return [item["name"] for item in json.loads(resp.read()).get("items", [])]
 
-    def new_vm(self, plan: stack_plan.VmPlan, tree: pathlib.Path) -> cloud_vm.CloudVm:
-        """A new VM for `plan` (fresh disk, next address, new instance id), not booted."""
+    def new_vm(
+        self,
+        plan: stack_plan.VmPlan,
+        tree: pathlib.Path,
+        service_account: str = "",
+        token: str = "localcloud",  # noqa: S107 - a stand-in, not a credential
+    ) -> cloud_vm.CloudVm:
+        """A new VM for `plan` (fresh disk, next address, new instance id), not booted; its
+        metadata server hands out `token` for `service_account`."""
         n = self.addresses = _free_index(self.addresses + 1)
         address = f"{stack_plan.ADDRESS_PREFIX}{100 + n}"
         instance = metadata_server.Instance(
@@ -150,13 +156,40 @@ class Rehearsal:
             zone=plan.zone,
             project=str(stack_plan.OVERLAY["project"]),
             attributes=metadata_server.worker_attributes(plan.metadata, 0, [address]),
+            service_account=service_account,
+            token=token,
         )
         server = metadata_server.MetadataServer(instance, f"{METADATA_PREFIX}{n}")
         self.servers.append(server)
         machine = Machine(tree, self.workdir / "vms" / f"{plan.node_id}-{n}", f"{plan.node_id}-{n}")
-        vm = cloud_vm.CloudVm(machine, address, server, self.storage.url)
+        tpu_url = self.control.api.url if self.control is not None else None
+        vm = cloud_vm.CloudVm(machine, address, server, self.storage.url, tpu_url=tpu_url)
         self.vms.append(vm)
         return vm
+
+    def start_control_plane(self, cloud: TrainingCloud) -> control_plane.ControlPlane:
+        """The local Cloud TPU API with the program's grants; its nodes boot as VMs here (the
+        serving VM with its stand-ins), and stop as a killed machine, its logs kept."""
+
+        def new_vm(plan: stack_plan.VmPlan, account: str, token: str) -> cloud_vm.CloudVm:
+            vm = self.new_vm(plan, cloud.tree, account, token)
+            if plan.role == "serve":
+                from infra.config import runconfig_render
+                from infra.vm import startup
+
+                vm.install_serving(
+                    ENGINE_VENV, runconfig_render.VERILOG_EVAL_DIR, startup.VERILOG_EVAL_COMMIT
+                )
+            return vm
+
+        def halted(vm: cloud_vm.CloudVm) -> None:
+            with contextlib.suppress(Exception):
+                self.keep_logs(vm)
+            vm.machine.preempt()
+
+        hooks = control_plane.VmHooks(cloud.plan.vms, new_vm, halted)
+        self.control = control_plane.ControlPlane(cloud.plan, self.workdir, hooks)
+        return self.control
 
     def keep_logs(self, vm: cloud_vm.CloudVm) -> pathlib.Path:
         """Copies the VM's startup log and journal under workdir/logs/<vm> (its disk goes)."""
@@ -172,6 +205,9 @@ class Rehearsal:
         return out
 
     def close(self) -> None:
+        if self.control is not None:
+            self.control.close()
+            self.control = None
         for vm in self.vms:
             with contextlib.suppress(Exception):
                 self.keep_logs(vm)
@@ -382,11 +418,15 @@ def prepare_training(
 
 def _life_of_a_run(r: Rehearsal) -> None:
     cloud = prepare_training(r, serving=True)
-    train, tree, run_config = cloud.train, cloud.tree, cloud.run_config
-    vm = r.new_vm(train, tree)
+    run_config = cloud.run_config
+    control = r.start_control_plane(cloud)
     with r.stage("boot") as note:
-        seconds = vm.boot(wait=False)
-        note.append(f"{vm.name} at {vm.address} (PID 1 after {seconds:.1f} s)")
+        placed = control.up("train")
+        vm = control.hooks.vms[placed.id]
+        note.append(
+            f"{vm.name} at {placed.address}: node created in {placed.outs['zone']} by the TpuNode "
+            "provider through the local Cloud TPU API"
+        )
     with r.stage("deploy") as note:
         cloud.deploy(vm)
         note.append(f"{vm.name}: ready marker seen, workloads deployed over SSH")
@@ -411,15 +451,19 @@ def _life_of_a_run(r: Rehearsal) -> None:
         _wait("an intact checkpoint in the bucket", intact, 900, vm)
         note.append(f"step {saved[-1]} saved intact to {run_dir}/checkpoints")
     with r.stage("preempt") as note:
-        r.keep_logs(vm)
-        vm.machine.preempt()
-        note.append(f"{vm.name} killed (SIGKILL to PID 1) after step {saved[-1]} was saved")
-
-    vm2 = r.new_vm(train, tree)
+        control.api.preempt(placed.id)
+        note.append(
+            f"{vm.name}: the API took the node back (PREEMPTED, SIGKILL to PID 1) after step "
+            f"{saved[-1]} was saved"
+        )
     with r.stage("reboot") as note:
-        vm2.boot(wait=False)
+        seen, placed = control.replace_if_gone("train")
+        vm2 = control.hooks.vms[placed.id]
         cloud.deploy(vm2)
-        note.append(f"{vm2.name} at {vm2.address}: a new VM booted, ready, deployed")
+        note.append(
+            f"read {seen}; replaced: {vm2.name} at {placed.address}, a new VM booted, ready, "
+            "deployed"
+        )
     with r.stage("resume") as note:
         _wait(
             "the trainer to finish",
@@ -461,43 +505,62 @@ def _life_of_a_run(r: Rehearsal) -> None:
         )
     if "gemma4-release.service" in cloud.deployment["units"]:
         with r.stage("release") as note:
-            _wait(
-                "the VM to release itself",
-                lambda: (
-                    "tpu-vm delete " in _gcloud_log(vm2)
-                    and any(n.endswith("/released.json") for n in r.list(run_dir))
-                ),
-                300,
-                vm2,
-            )
+            _wait_released(r, control, placed.id, run_dir, vm2)
+            deleter = _deleted_by(control, placed.id)
             note.append(
-                f"{vm2.name}: released.json in {run_dir}; asked Cloud TPU to delete "
-                f"{train.node_id} (the gcloud stand-in took the request; the VM goes)"
+                f"{vm2.name}: released.json in {run_dir}; the VM deleted its own node through "
+                f"the API as {deleter.removeprefix('serviceAccount:')} (IAM: its self-service role)"
             )
-    r.keep_logs(vm2)
-    vm2.machine.preempt()  # done: its units have nothing left to run
-    _serving(r, cloud)
+    control.destroy("train")  # without a release: `pulumi destroy` deletes it
+    _serving(r, cloud, control)
     _controller(r, cloud)
+    answered, refused = control.calls()
+    r.ran.append(
+        f"the control plane: {answered} Cloud TPU API calls, each checked against the program's "
+        f"IAM ({refused} answered with an error, as placement and reads expect)"
+    )
 
 
-def _serving(r: Rehearsal, cloud: TrainingCloud) -> None:
+def _wait_released(
+    r: Rehearsal, control: control_plane.ControlPlane, node: str, run_dir: str, vm: cloud_vm.CloudVm
+) -> None:
+    """Waits for the training VM's release: its record in the run directory and its node gone
+    from the API (the VM's own delete; the API then kills the VM)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if control.api.state(node) is None and any(
+            n.endswith("/released.json") for n in r.list(run_dir)
+        ):
+            return
+        time.sleep(2)
+    raise RehearsalError(
+        f"the VM's release: node {node} is {control.api.state(node)} after 300 s (its gcloud "
+        f"log: {_gcloud_log(vm).strip().splitlines()[-1:] or 'empty'})"
+    )
+
+
+def _deleted_by(control: control_plane.ControlPlane, node: str) -> str:
+    """Who asked the API to delete `node` (the last successful DELETE of it)."""
+    path = node.removeprefix("/")
+    for member, verb, called, code in reversed(control.api.calls):
+        if verb == "DELETE" and called == path and code == 200:
+            return member
+    raise RehearsalError(f"node {node} is gone but no DELETE of it reached the API")
+
+
+def _serving(r: Rehearsal, cloud: TrainingCloud, control: control_plane.ControlPlane) -> None:
     """The serving VM boots its startup script (apt, venv, docker, verilog-eval, the merged
     model staged from the bucket), is deployed to, serves the merged model with the CPU build of
     vLLM (the docker stand-in), and its eval unit scores it and writes the results."""
-    from infra.config import runconfig_render
-    from infra.vm import startup
 
     serve = cloud.plan.vms.get("serve")
     if serve is None or serve.deployment is None:
         raise RehearsalError("serving.enabled declared no serving VM or deployment")
     run_config = yaml.safe_load(serve.deployment["run_config_yaml"])
-    vm = r.new_vm(serve, cloud.tree)
     with r.stage("serve") as note:
-        vm.install_serving(
-            ENGINE_VENV, runconfig_render.VERILOG_EVAL_DIR, startup.VERILOG_EVAL_COMMIT
-        )
-        vm.boot(wait=False)
-        _deploy(serve.deployment, vm.address, cloud.key, cloud.known_hosts)
+        placed = control.up("serve")
+        vm = control.hooks.vms[placed.id]
+        _deploy(serve.deployment, placed.address, cloud.key, cloud.known_hosts)
         port = run_config["serve"]["port"]
         _wait("the server's /health", lambda: _healthy(port), 900, vm)
         note.append(
@@ -516,8 +579,7 @@ def _serving(r: Rehearsal, cloud: TrainingCloud) -> None:
                 raise RehearsalError(f"the {job} unit wrote nothing to {results}")
             note.append(f"{vm.name}: {unit} finished, results and report in {results}")
     r.ran.append(f"{vm.name}: serving startup script, deploy, vLLM serving, eval, bench, report")
-    r.keep_logs(vm)
-    vm.machine.preempt()
+    control.destroy("serve")  # `pulumi destroy`: through the API, which stops the VM
 
 
 def _healthy(port: int) -> bool:

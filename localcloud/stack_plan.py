@@ -69,6 +69,9 @@ class VmPlan:
     accelerator: str
     metadata: dict[str, str]
     deployment: dict[str, Any] | None
+    props: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The TpuNode resource's inputs, as `pulumi up` hands them to its provider (empty for the
+    controller's Compute Engine instance)."""
 
 
 @dataclasses.dataclass
@@ -79,6 +82,9 @@ class StackPlan:
     config: dict[str, Any]
     vms: dict[str, VmPlan]
     buckets: list[str]
+    iam: list[tuple[str, dict[str, Any]]] = dataclasses.field(default_factory=list)
+    """(type token, inputs) of every resource the program declared: the local IAM reads its
+    roles and bindings from them (localcloud/iam.py)."""
 
 
 def merged(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
@@ -135,6 +141,7 @@ def plan(stack: str, config: dict[str, Any], secrets: dict[str, str] | None = No
             accelerator=inputs["accelerator_type"],
             metadata={k: str(v) for k, v in (inputs.get("metadata") or {}).items()},
             deployment=deployments.get(inputs["node_id"]),
+            props={k: v for k, v in inputs.items() if not k.startswith("__")},
         )
     for instance in recording.of_type(INSTANCE):
         inputs = instance.inputs
@@ -149,4 +156,10 @@ def plan(stack: str, config: dict[str, Any], secrets: dict[str, str] | None = No
     buckets = [
         r.inputs["name"] for r in recording.resources if r.type == "gcp:storage/bucket:Bucket"
     ]
-    return StackPlan(stack=stack, config=config, vms=vms, buckets=buckets)
+    return StackPlan(
+        stack=stack,
+        config=config,
+        vms=vms,
+        buckets=buckets,
+        iam=[(r.type, dict(r.inputs)) for r in recording.resources],
+    )

@@ -11,8 +11,6 @@ import ast
 import pathlib
 import re
 
-import pytest
-
 from localcloud.stages import STAGES
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -76,11 +74,6 @@ def test_the_docs_table_lists_the_stages_in_their_order() -> None:
     assert documented_stages(DOCS.read_text()) == list(STAGES)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pending: localcloud/rehearse.py's docstring lists 8 of the 15 stages; its editor "
-    "replaces the list with a pointer to localcloud/stages.py (then remove this mark)",
-)
 def test_the_rehearsal_docstring_lists_the_stages_or_points_to_them() -> None:
     source = REHEARSE.read_text()
     listed = docstring_stages(source)

@@ -15,7 +15,7 @@ import pytest
 from google.api_core import exceptions
 from google.cloud import tpu_v2
 
-from infra.resources import tpu_node
+from infra.resources import deployment_record, tpu_node
 from infra.tpu import api as tpu_api
 from infra.tpu import placement as tpu_placement
 from localcloud import iam as iam_mod
@@ -318,3 +318,52 @@ def test_a_role_without_tpu_nodes_delete_gets_one_clear_line_from_the_release(
         "gemma4-dev-train' (or it may not exist)."
     ]
     assert tpu_cloud.state(f"{PARENT}/nodes/gemma4-dev-train") == "READY"
+
+
+# -- the operator commands' reads --------------------------------------------------------------
+
+
+def test_ops_status_reads_the_nodes_state_and_its_queue_through_the_real_client(
+    tpu_cloud: local_tpu.TpuApiServer,
+) -> None:
+    from infra.ops import cli
+
+    request = tpu_placement.Request(
+        project=PROJECT,
+        node_id="gemma4-dev-train",
+        zones=(ZONE,),
+        node=SPEC,
+        queue=tpu_placement.Queue(spot=True, valid_for_s=600),
+    )
+    tpu_placement.place(tpu_api.GoogleTpuApi(), request, say=lambda _: None, poll_s=0.1)
+    # What the stack's outputs say of the VM (the fields this read uses).
+    info = deployment_record.VmInfo.model_construct(
+        role="train", vm="gemma4-dev-train", project=PROJECT, zone=ZONE
+    )
+    state, created = cli.tpu_state_and_creation(info)
+    assert state == "READY, health HEALTHY, queued resource gemma4-dev-train ACTIVE"
+    assert created is not None and abs(created - time.time()) < 60
+    tpu_cloud.preempt(request.node_name(ZONE))
+    assert cli.tpu_state_and_creation(info)[0].startswith("PREEMPTED")
+
+
+def test_the_leftover_scan_finds_an_unrecorded_node_and_says_which_zone_it_cannot_read(
+    tpu_cloud: local_tpu.TpuApiServer,
+) -> None:
+    from infra.ops import leftovers
+
+    _create(tpu_api.tpu_client(), "gemma4-dev-train")
+    tpu_cloud.zone("europe-west1-b").readable = False
+    scope = leftovers.Scope(
+        project=PROJECT,
+        zones=(ZONE, "europe-west1-b"),
+        labels={"app": "gemma4-tpu", "stack": "dev"},
+    )
+    found, unreadable = leftovers.scan(tpu_api.tpu_client(), scope, known=set())
+    assert [(f.kind, f.name, f.zone, f.state) for f in found] == [
+        ("node", "gemma4-dev-train", ZONE, "READY")
+    ]
+    assert [u.zone for u in unreadable] == ["europe-west1-b"]
+    assert "is not found or access is unauthorized" in unreadable[0].line()
+    # The stack's own node (in its state) is not a leftover.
+    assert leftovers.scan(tpu_api.tpu_client(), scope, known={(ZONE, "gemma4-dev-train")})[0] == []
