@@ -39,6 +39,15 @@ def test_demo_with_the_default_workdir_prints_the_summary_and_the_merge_figure(
     # The run config it wrote reproduces the training from any directory: absolute paths.
     assert f"output_dir: {workdir / 'run'}\n" in (workdir / "run.yaml").read_text()
     assert "serving: skipped (--no-serve)" in out
+    # What a person reads: the stage lines, the training progress and the summary (a passing
+    # run with serving is at most 80 lines too: .ci/run counts the README's command). The
+    # tools' own output (the data pipeline's lines, warnings) is in the log the summary names.
+    assert len(out.splitlines()) <= 80, out
+    assert not re.search(r"^(data|merge|train): |WARNING|Warning", out, re.MULTILINE), out
+    assert re.search(r"^step 4/4  loss", out, re.MULTILINE)
+    assert f"logs: {workdir / 'demo.log'}" in out
+    log = (workdir / "demo.log").read_text()
+    assert "data: 48 rows read" in log and "stage load started" in log
 
     # The same command again is refused in one line, and the demo is left as it was.
     assert cli.main(["demo", "--steps", "4", "--rows", "48"]) == 2

@@ -17,6 +17,11 @@ a real bucket given by --bucket; the merge reads the checkpoints back from there
 lands under --workdir (default runs/demo); the run config it used is written there too, so
 `python -m workloads train|serve|eval|bench|report --config runs/demo/run.yaml` runs each step
 again (a run directory on the demo's own server only while a server serves WORKDIR/gcs).
+
+The terminal shows the stage lines, the training progress (a step line every 1/8 of the run and
+each segment's first) and the summary; the tools' and engines' own output goes to WORKDIR/demo.log
+and the vLLM server's to WORKDIR/serve/vllm.log, which the summary names
+(workloads.cli.demo_console).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import shutil
 import time
 from typing import TYPE_CHECKING, Any
 
+from workloads.cli import demo_console
 from workloads.common import errors, storage
 from workloads.contract import runconfig
 
@@ -51,6 +57,7 @@ _OWNED = (
     "loss.png",
     "hosts",
     "gcs",
+    "demo.log",
 )
 # CPU devices per rehearsed host and the tensor-parallel width of a v5p slice's 4-chip workers.
 DEVICES_PER_HOST = 4
@@ -250,13 +257,17 @@ class _Trained:
     records: list[dict[str, Any]]
 
 
-def _train_here(cfg: runconfig.RunConfig, half: int, say: Any, tag: str) -> _Trained:
+def _train_here(
+    cfg: runconfig.RunConfig, half: int, say: Any, tag: str, console: demo_console.Console
+) -> _Trained:
     """One process: stop after `half` steps (as a preemption would) and run again."""
     from workloads.train import trainer
 
-    first = trainer.train(cfg, stop_after_steps=half, log=say, handle_sigterm=True)
+    console.new_segment()
+    first = trainer.train(cfg, stop_after_steps=half, log=console.trainer_say, handle_sigterm=True)
     say(f"{tag} stopped at step {first.final_step} with a checkpoint; restarting the same run ...")
-    second = trainer.train(cfg, log=say)
+    console.new_segment()
+    second = trainer.train(cfg, log=console.trainer_say)
     if second.resumed_from != first.final_step:
         raise RuntimeError(
             f"expected to resume from step {first.final_step}, resumed from {second.resumed_from}"
@@ -424,13 +435,17 @@ def main(args: argparse.Namespace) -> int:
     engine = None if args.no_serve else demo_serving.require_engine()
     _prepare_workdir(workdir, args.overwrite)
 
-    def say(text: str) -> None:
-        print(f"[demo {time.time() - started:5.1f}s] {text}", flush=True)
-
-    # The local GCS protocol server (a slice's shared storage) runs until the demo ends.
-    with contextlib.ExitStack() as stack:
-        where = _run_storage(args.hosts, bucket, args.overwrite, workdir, stack, say)
-        return _demo(args, workdir, engine, where, started, say)
+    # The terminal gets the stage lines, the training progress and the summary; the tools' and
+    # engines' own output goes to WORKDIR/demo.log (workloads.cli.demo_console). The local GCS
+    # protocol server (a slice's shared storage) runs until the demo ends.
+    with (
+        demo_console.captured(workdir / demo_console.LOG_NAME, started) as console,
+        contextlib.ExitStack() as stack,
+    ):
+        where = _run_storage(args.hosts, bucket, args.overwrite, workdir, stack, console.say)
+        lines = _demo(args, workdir, engine, where, started, console)
+        console.show("\n".join(lines))
+    return 0
 
 
 def _demo(
@@ -439,10 +454,13 @@ def _demo(
     engine: Any,
     where: _RunStorage,
     started: float,
-    say: Callable[[str], None],
-) -> int:
-    """The demo's steps once the workdir and the run directory's storage are ready."""
+    console: demo_console.Console,
+) -> list[str]:
+    """The demo's steps once the workdir and the run directory's storage are ready; returns the
+    summary's lines."""
     from workloads.cli import demo_serving
+
+    say = console.say
 
     total = 4 if engine is None else 8
     from workloads.data import synthetic
@@ -500,7 +518,7 @@ def _demo(
         "would ..."
     )
     run = (
-        _train_here(cfg, half, say, f"3/{total}")
+        _train_here(cfg, half, say, f"3/{total}", console)
         if hosts == 1
         else _train_on_hosts(cfg, config_path, hosts, half, workdir, say, f"3/{total}")
     )
@@ -550,6 +568,11 @@ def _demo(
     lines += served
     if engine is None:
         lines.append("  serving: skipped (--no-serve)")
+    logs = [f"{workdir / demo_console.LOG_NAME} (the tools' and libraries' own output)"]
+    if engine is not None:
+        logs.append(f"{workdir / 'serve' / 'vllm.log'} (the vLLM server)")
+    if hosts > 1:
+        logs.append(f"{workdir / 'hosts'}/host<i>.log (each trainer process)")
+    lines.append(f"  logs: {', '.join(logs)}")
     lines.append(f"  wall time: {wall:.0f} s")
-    print("\n".join(lines), flush=True)
-    return 0
+    return lines
