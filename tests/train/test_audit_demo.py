@@ -9,10 +9,12 @@ from __future__ import annotations
 import os
 import pathlib
 import re
+import time
 
 import pytest
 
 from workloads import cli
+from workloads.cli import demo
 from workloads.common import gcs_server
 
 
@@ -96,6 +98,37 @@ def test_a_bucket_that_is_not_gs_is_refused_in_one_line(tmp_path, monkeypatch, c
         "error: --bucket 's3://mine/run': expected a bucket as gs://NAME (no path)\n"
     )
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("bucket", "line"),
+    [
+        ("gs://Bad_Name!", "'Bad_Name!' is not a GCS bucket name"),
+        ("gs://a b", "'a b' is not a GCS bucket name"),
+        ("gs://ab", "'ab' is not a GCS bucket name"),
+        ("gs://-edge", "'-edge' is not a GCS bucket name"),
+        ("gs://192.168.5.4", "'192.168.5.4' is not a GCS bucket name"),
+        ("", "expected a bucket as gs://NAME (no path)"),
+    ],
+)
+def test_a_bad_bucket_name_is_one_line_before_anything_runs(
+    tmp_path, monkeypatch, capsys, bucket, line
+):
+    # Such names used to pass: gcsfs then retried for about 50 s and printed tracebacks before
+    # the line; an empty one silently meant no bucket.
+    monkeypatch.chdir(tmp_path)
+    started = time.monotonic()
+    assert cli.main(["demo", "--no-serve", "--bucket", bucket]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --bucket {bucket!r}: {line}") and err.count("\n") == 1
+    assert time.monotonic() - started < 5
+    assert not (tmp_path / "runs").exists()
+
+
+def test_gcs_bucket_names_that_pass():
+    for name in ("my-bucket", "a_b.example.com", "abc", "x" * 63, "0demo-1"):
+        assert demo._check_bucket(f"gs://{name}/") == f"gs://{name}"
+    assert demo._check_bucket(None) == ""
 
 
 def test_a_second_demo_is_refused_in_one_line_naming_the_absolute_workdir(

@@ -95,7 +95,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--bucket",
-        default="",
+        default=None,
         metavar="gs://NAME",
         help="keep the run directory (checkpoints, metrics, lock) in this real bucket, under "
         f"gs://NAME/gemma4-demo/{RUN_PREFIX}, instead of the demo's local server (--hosts > 1) "
@@ -362,18 +362,45 @@ class _RunStorage:
     description: str = ""
 
 
-def _check_bucket(bucket: str) -> str:
+def _check_bucket(bucket: str | None) -> str:
     """--bucket as gs://NAME without a trailing slash ('' when not given).
 
+    Checked against GCS's naming rules here, before anything runs: a name GCS refuses would
+    otherwise reach gcsfs, whose retries last about 50 s and print tracebacks before the line.
+    An empty --bucket is refused, not taken for "no bucket".
+
     Raises:
-        errors.UserError: not a gs:// bucket name.
+        errors.UserError: not gs://NAME, or NAME is not a GCS bucket name.
     """
-    if not bucket:
+    if bucket is None:
         return ""
     name = bucket.removeprefix("gs://").rstrip("/")
     if not bucket.startswith("gs://") or not name or "/" in name:
         raise errors.UserError(f"--bucket {bucket!r}: expected a bucket as gs://NAME (no path)")
+    if not _is_bucket_name(name):
+        raise errors.UserError(
+            f"--bucket {bucket!r}: {name!r} is not a GCS bucket name (3-63 lowercase letters, "
+            "digits, '-', '_' and '.', starting and ending with a letter or a digit)"
+        )
     return f"gs://{name}"
+
+
+def _is_bucket_name(name: str) -> bool:
+    """GCS's rules: lowercase letters, digits, '-', '_' and '.', a letter or digit at both ends,
+    3-63 characters (up to 222 with dots, each dot-separated part at most 63); not an IP
+    address; not starting with "goog"."""
+    import re
+
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*[a-z0-9]", name):
+        return False
+    parts = name.split(".")
+    if len(name) > (222 if len(parts) > 1 else 63) or len(name) < 3:
+        return False
+    if any(not part or len(part) > 63 for part in parts):
+        return False
+    if len(parts) == 4 and all(part.isdigit() for part in parts):
+        return False  # an IP address
+    return not name.startswith("goog")
 
 
 def _run_storage(
