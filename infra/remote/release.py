@@ -6,7 +6,8 @@ idempotent and safe to kill at any instant:
 
 - build: wipes whatever an interrupted build left in the directory, then creates the venv and
   installs the wheel. Never the active release (refused).
-- verify: the package imports from the release's own venv and reads the release's run config;
+- verify: the package's files are as pip installed them (its RECORD), it imports from the
+  release's own venv and reads the release's run config;
   only then is the `COMPLETE` marker written (atomically, after the files are on disk). A
   directory without it is garbage, removed by the next prune.
 - switch: `current` is replaced with one rename(2), and only to a complete release.
@@ -66,13 +67,32 @@ pip_install --no-deps --ignore-installed "$release/${wheel##*/}"
 if [ "$deps" = 1 ]; then pip_install "$release/${wheel##*/}"; fi
 """
 
-# Run by the release's interpreter: the package it imports must be the release's own.
-_IMPORTS = """import os, sys
+# Run by the release's interpreter: the package it imports must be the release's own, and every
+# file pip installed for it must still be there as installed. Importing a few modules cannot see
+# a deleted or edited module that they do not import; the RECORD pip wrote (a sha256 per file)
+# can, and hashing the package's ~1 MB costs a few milliseconds. Bytecode is left out: Python
+# may rewrite it, and it is rebuilt from the sources it would differ from.
+_IMPORTS = """import base64, hashlib, os, sys
+from importlib import metadata
 import workloads, workloads.cli, workloads.contract.runconfig
 home = os.path.realpath(sys.prefix) + os.sep
 where = os.path.realpath(workloads.__file__)
 if not where.startswith(home):
     sys.exit(f"workloads was imported from {where}, not from the release venv {home}")
+site = os.path.dirname(os.path.dirname(where))
+dists = list(metadata.distributions(name="gemma4-tpu", path=[site]))
+if len(dists) != 1 or dists[0].files is None:
+    sys.exit(f"{site} holds {len(dists)} gemma4-tpu distributions with a RECORD, not one")
+for file in dists[0].files:
+    if file.hash is None or file.suffix == ".pyc":
+        continue
+    try:
+        data = file.locate().read_bytes()
+    except OSError:
+        sys.exit(f"{file} is missing")
+    digest = base64.urlsafe_b64encode(hashlib.new(file.hash.mode, data).digest()).rstrip(b"=")
+    if digest.decode() != file.hash.value:
+        sys.exit(f"{file} differs from what was installed")
 """
 # verify also reads the run config (0600, root's on the VMs: the check before a deploy, run as
 # the login user, stops at the imports).

@@ -64,8 +64,13 @@ class WorkerState:
         state: the deployed state file ({} when none or damaged).
         active: the release `current` points at (None when there is none).
         release_complete: the bundle's release directory holds a complete build (its marker).
-        release_sound: complete, and its package imports from its venv with its run config
-            (a venv deleted after the marker was written is not sound).
+        release_sound: complete, and its package imports from its venv, every file of it as
+            pip installed it (a venv or a module deleted after the marker was written is not
+            sound).
+        release_configured: the release's run config and units are there as the bundle has
+            them (a file deleted by hand is copied again).
+        units_installed: the bundle's units are in the unit directory as the bundle has them.
+        unsound: why the release is not sound (the check's last line), for the log.
         current_kind: what `current` is: "link", "none", or "other" (a directory or file put
             there by hand, which switch cannot replace).
         unit_files: the bundle's units that have a file in the unit directory.
@@ -80,6 +85,9 @@ class WorkerState:
     entries: tuple[str, ...] = ()
     release_sound: bool = False
     current_kind: str = "link"
+    release_configured: bool = False
+    units_installed: bool = False
+    unsound: str = ""
 
     def leftovers(self, bundle: Bundle) -> bool:
         """Whether an interrupted prune left something behind besides the active release and
@@ -92,13 +100,15 @@ class WorkerState:
         )
 
     def up_to_date(self, bundle: Bundle) -> bool:
-        """Whether the worker runs `bundle` already: recorded, active, and its release complete
-        with a package that imports (not merely recorded: a deleted release or venv is
-        reinstalled)."""
+        """Whether the worker runs `bundle` already: recorded, active, its release complete
+        with a package that imports and is whole, its run config and units there, and the units
+        installed (not merely recorded: what a hand deleted is put back)."""
         return (
             self.state.get("fingerprint") == bundle.fingerprint
             and self.active == bundle.release
             and self.release_sound
+            and self.release_configured
+            and self.units_installed
             and self.current_kind == "link"
         )
 
@@ -119,6 +129,8 @@ class WorkerState:
         return [u for u in self.state.get("units", []) if isinstance(u, str)]
 
 
+# The run config is root's and 0600 on the VMs while this runs as the login user: its size (a
+# stat, no read) stands for it; a change made through a deploy changes the fingerprint anyway.
 _CHECK = r"""state=$1 current=$2 marker=$3 unit_dir=$4 releases=$5 incoming=$6 check=$7
 shift 7
 target=$(readlink "$current" 2>/dev/null || true)
@@ -129,16 +141,29 @@ else echo current=none; fi
 if [ -e "$marker" ]; then
     echo complete=1
     release=${marker%/*}
-    if "$release/venv/bin/python" -c "$check" >/dev/null 2>&1; then
+    if why=$("$release/venv/bin/python" -c "$check" 2>&1); then
         echo sound=1
+    else
+        printf 'unsound=%s\n' "$(printf '%s\n' "$why" | tail -n 1)"
     fi
+    printf 'config_size=%s\n' "$(stat -c %s "$release/run.yaml" 2>/dev/null)"
+    for unit in "$@"; do
+        sum=$(sha256sum "$release/units/$unit" 2>/dev/null) || sum=
+        printf 'release_unit=%s=%s\n' "$unit" "${sum%% *}"
+    done
 else
     echo complete=0
 fi
 for entry in "$releases"/* "$releases"/.[!.]* "$incoming"/* "$incoming"/.[!.]*; do
     if [ -e "$entry" ]; then printf 'entry=%s\n' "${entry#"${entry%/*/*}/"}"; fi
 done
-for unit in "$@"; do if [ -e "$unit_dir/$unit" ]; then printf 'unit=%s\n' "$unit"; fi; done
+for unit in "$@"; do
+    if [ -e "$unit_dir/$unit" ]; then
+        printf 'unit=%s\n' "$unit"
+        sum=$(sha256sum "$unit_dir/$unit" 2>/dev/null) || sum=
+        printf 'installed_unit=%s=%s\n' "$unit" "${sum%% *}"
+    fi
+done
 printf 'state='
 cat "$state" 2>/dev/null | tr -d '\n' || true
 echo
@@ -188,7 +213,8 @@ def read_worker(conn: fabric.Connection, layout: RemoteLayout, bundle: Bundle) -
         ],
     )
     active, complete, units, entries = None, False, [], []
-    sound, current_kind = False, "link"
+    sound, current_kind, unsound, config_size = False, "link", "", ""
+    sums: dict[str, dict[str, str]] = {"release_unit": {}, "installed_unit": {}}
     for line in result.stdout.splitlines():
         key, _, value = line.partition("=")
         if key == "active":
@@ -197,6 +223,13 @@ def read_worker(conn: fabric.Connection, layout: RemoteLayout, bundle: Bundle) -
             complete = value == "1"
         elif key == "sound":
             sound = value == "1"
+        elif key == "unsound":
+            unsound = value
+        elif key == "config_size":
+            config_size = value
+        elif key in sums:
+            name, _, digest = value.partition("=")
+            sums[key][name] = digest
         elif key == "current":
             current_kind = value
         elif key == "unit":
@@ -205,6 +238,7 @@ def read_worker(conn: fabric.Connection, layout: RemoteLayout, bundle: Bundle) -
             entries.append(value)
         elif key == "state":
             state_text = value
+    wanted = {name: sha256_text(text) for name, text in bundle.units.items()}
     return WorkerState(
         _parse_state(state_text),
         active,
@@ -213,6 +247,12 @@ def read_worker(conn: fabric.Connection, layout: RemoteLayout, bundle: Bundle) -
         tuple(entries),
         release_sound=sound,
         current_kind=current_kind,
+        release_configured=(
+            config_size == str(len(bundle.run_config_yaml.encode()))
+            and sums["release_unit"] == wanted
+        ),
+        units_installed=sums["installed_unit"] == wanted,
+        unsound=unsound,
     )
 
 
@@ -312,11 +352,13 @@ def prepare(
     )
 
     if worker.release_complete and not worker.release_sound:
-        # Marked complete, but its package no longer imports (its venv was deleted): built
-        # again, even while active (release.build rebuilds an unmarked active release).
+        # Marked complete, but its package no longer imports or lost a file (its venv or a
+        # module was deleted): built again, even while active (release.build rebuilds an
+        # unmarked active release).
         LOG.warning(
-            f"{host}: release {bundle.release} is marked complete but its package does not "
-            "import from its venv: reinstalling it"
+            f"{host}: release {bundle.release} is marked complete but its package is not whole "
+            f"or does not import from its venv ({worker.unsound or 'no reason given'}): "
+            "reinstalling it"
         )
         hook(host, "unmark")
         run(conn, "unmark", release.unmark(layout, bundle.release), sudo=sudo, log_path=log)
@@ -345,7 +387,12 @@ def prepare(
             path=layout.releases_dir,
             needed=bundle.release_bytes(),
         )
+    elif not worker.release_configured:
+        # The package is whole but a run config or unit of the release went missing: only they
+        # travel again.
+        _upload(conn, bundle, stage, sudo=sudo, hook=hook, wheel=False)
 
+    if not worker.release_sound or not worker.release_configured:
         hook(host, "config")
         units_dir = posixpath.join(target, "units")
         commands = [
@@ -395,9 +442,16 @@ def _move_current_aside(
 
 
 def _upload(
-    conn: fabric.Connection, bundle: Bundle, stage: str, *, sudo: bool, hook: StepHook
+    conn: fabric.Connection,
+    bundle: Bundle,
+    stage: str,
+    *,
+    sudo: bool,
+    hook: StepHook,
+    wheel: bool = True,
 ) -> None:
-    """Uploads the wheel, config and units to the staging directory and checks the wheel."""
+    """Uploads the wheel (unless `wheel` is false), config and units to the staging directory
+    and checks the wheel."""
     host = host_name(conn)
     hook(host, "upload")
     try:
@@ -406,7 +460,8 @@ def _upload(
         drop(conn)
         raise RemoteError(host, "upload", None, None, f"{type(exc).__name__}: {exc}") from exc
     try:
-        _put_file(sftp, bundle.wheel_path, posixpath.join(stage, bundle.wheel_name), 0o644)
+        if wheel:
+            _put_file(sftp, bundle.wheel_path, posixpath.join(stage, bundle.wheel_name), 0o644)
         _put_bytes(sftp, bundle.run_config_yaml.encode(), posixpath.join(stage, "run.yaml"), 0o600)
         for name, text in sorted(bundle.units.items()):
             _put_bytes(sftp, text.encode(), posixpath.join(stage, name), 0o644)
@@ -422,6 +477,8 @@ def _upload(
         except Exception:
             LOG.debug("closing sftp on %s failed", host, exc_info=True)
 
+    if not wheel:
+        return
     hook(host, "verify-upload")
     with open(bundle.wheel_path, "rb") as handle:  # streamed: a wheel is not read into memory
         local = hashlib.file_digest(handle, "sha256").hexdigest()

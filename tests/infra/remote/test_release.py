@@ -437,3 +437,43 @@ def test_build_rebuilds_an_active_release_that_lost_its_marker(tmp_path: pathlib
     # It went past the refusal: it removed the broken release and started building it.
     assert "is the active release" not in proc.stderr
     assert not (tmp_path / "opt/gemma4/releases/a/venv").exists()
+
+
+def _damage(worker: Worker, bundle: remote.Bundle, what: str) -> pathlib.Path:
+    """Deletes one file a working deploy needs, the way a hand on the worker would."""
+    release_dir = worker.root / "opt/gemma4/releases" / bundle.release
+    unit = sorted(bundle.units)[0]
+    path = {
+        "run config": release_dir / "run.yaml",
+        "installed unit": worker.root / "etc/systemd/system" / unit,
+        "release's unit": release_dir / "units" / unit,
+        # Not one the import check imports: only the installed files' manifest sees it.
+        "package module": _site(worker, bundle) / "workloads/data/packing.py",
+    }[what]
+    path.unlink()
+    return path
+
+
+@pytest.mark.sshd
+@pytest.mark.parametrize(
+    "what", ["run config", "installed unit", "release's unit", "package module"]
+)
+def test_the_same_bundle_is_redeployed_when_a_file_of_its_active_release_was_deleted(
+    worker: Worker, wheel: workloads_wheel.Wheel, what: str
+) -> None:
+    bundle = make_bundle(worker.root, wheel)
+    deploy([worker], bundle, Steps())
+    lost = _damage(worker, bundle, what)
+    worker.clear_calls()
+
+    hook = Steps()
+    assert deploy([worker], bundle, hook) == [remote.HostResult(host(worker), True)]
+    assert lost.exists(), f"steps {hook.steps()}"
+    # Only a damaged package is installed again; a lost config or unit is copied back.
+    assert ("install" in hook.steps()) == (what == "package module")
+    assert_converged(worker, bundle)
+    python = worker.root / "opt/gemma4/current/venv/bin/python"
+    subprocess.run([python, "-c", "import workloads.data.packing"], check=True)
+    hook = Steps()
+    assert deploy([worker], bundle, hook) == [remote.HostResult(host(worker), False)]
+    assert hook.steps() == ["check"]
