@@ -31,6 +31,9 @@ def test_children_libraries_and_diagnostics_go_to_the_log(tmp_path, capfd) -> No
         logs.get("data").info("240 rows read")
         print("WARNING:absl:read only", file=sys.stderr)
         print("Namespace(seed=0)")
+        subprocess.run(
+            [sys.executable, "-c", "print('handed stdout')"], stdout=sys.stdout, check=True
+        )
         console.show("demo summary")
     captured = capfd.readouterr()
     out = captured.out
@@ -45,6 +48,7 @@ def test_children_libraries_and_diagnostics_go_to_the_log(tmp_path, capfd) -> No
         "data: 240 rows read",
         "read only",
         "Namespace(seed=0)",
+        "handed stdout",
         "demo summary",
     ):
         assert text in log, text

@@ -116,6 +116,8 @@ class Console:
 class _Stdout(io.TextIOBase):
     """sys.stdout while the demo runs: whole lines to Console.step_line."""
 
+    encoding = "utf-8"
+
     def __init__(self, console: Console) -> None:
         super().__init__()
         self._console = console
@@ -139,6 +141,10 @@ class _Stdout(io.TextIOBase):
 
     def isatty(self) -> bool:
         return False
+
+    def fileno(self) -> int:
+        # fd 1 is the log while the demo runs: a child handed sys.stdout writes there too.
+        return 1
 
 
 def _terminal(stream: TextIO) -> tuple[TextIO, bool]:
