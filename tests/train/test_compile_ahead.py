@@ -181,3 +181,23 @@ def test_the_trainer_survives_a_background_failure_with_one_line(config_for, tmp
         "compile-ahead: failed (RuntimeError: abstract trace failed); the first step compiles "
         "instead"
     ]
+
+
+def test_the_background_compile_is_a_stage_record_of_its_own(tmp_path):
+    """compile_ahead's start and end land in the host's stage file beside the others, so a
+    boot's records show the compile overlapping the weights' arrival."""
+    from workloads.common import stage_records
+
+    path = tmp_path / "stages.jsonl"
+    log = stage_records.StageLog(str(path), "trainer", boot="b")
+    ahead = compile_ahead.CompileAhead(lambda: time.sleep(0.2), lambda line: None, log).start()
+    ahead.wait()
+    failed = compile_ahead.CompileAhead(lambda: 1 / 0, lambda line: None, log).start()
+    failed.wait()
+    records = stage_records.read_records(str(path))
+    ends = [r for r in records if r["event"] == "end"]
+    assert [(r["stage"], r["ok"]) for r in ends] == [
+        ("compile_ahead", True),
+        ("compile_ahead", False),
+    ]
+    assert ends[0]["seconds"] >= 0.2 and "ZeroDivisionError" in ends[1]["note"]

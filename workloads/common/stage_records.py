@@ -9,7 +9,8 @@ object a line:
     {"stage": "venv", "event": "end", "at": 1764080084.30, "seconds": 84.18, "ok": true,
      "boot": "<boot id>", "source": "startup", "note": "restored from gs://.../venv-<digest>"}
 
-- `stage`: boot (kernel boot to the startup script), python, venv, weights, data, load, compile,
+- `stage`: boot (kernel boot to the startup script), python, venv, weights, data,
+  compile_ahead (the step compiling beside the weights' arrival and loading), load, compile,
   first_step, and the background jobs after ready (weights_upload, venv_upload).
 - `event`: `start` or `end`; an `end` carries `seconds` (the stage's duration) and `ok`.
 - `at`: Unix time (seconds, UTC) of the event; `boot`: the kernel's boot id, so a reader
@@ -45,6 +46,7 @@ ORDER = (
     "venv",
     "weights",
     "data",
+    "compile_ahead",
     "weights_wait",
     "load",
     "compile",

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from workloads.common import errors
+from workloads.common import errors, stage_records
 from workloads.contract import runconfig
 from workloads.model import gemma4
 from workloads.train import compile_step, packed_attention
@@ -99,6 +99,10 @@ def lower_step(
         return jitted.lower(compile_step.abstract_inputs(cfg, mesh))
 
 
+# The stage record of the background compile (workloads.common.stage_records).
+STAGE = "compile_ahead"
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     line = text.splitlines()[0] if text else ""
@@ -128,15 +132,25 @@ class CompileAhead:
     (the first step then compiles as usual); StepCompileError when the step cannot fit.
     """
 
-    def __init__(self, compile_fn: Callable[[], Any], log: Callable[[str], None]):
+    def __init__(
+        self,
+        compile_fn: Callable[[], Any],
+        log: Callable[[str], None],
+        stage_log: stage_records.StageLog | None = None,
+    ):
         self._compile_fn = compile_fn
         self._log = log
+        # Its own stage record (compile_ahead), so a boot's records show it beside the weights
+        # stage: the overlap the design promises, readable on the VM and in the rehearsal.
+        self._stage_log = stage_log
         self.outcome = Outcome()
         self._fatal: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="compile-ahead", daemon=True)
 
     def start(self) -> CompileAhead:
         self.outcome.started = time.monotonic()
+        if self._stage_log is not None:
+            self._stage_log.start(STAGE)
         self._thread.start()
         return self
 
@@ -151,6 +165,9 @@ class CompileAhead:
             self.outcome.seconds = time.monotonic() - (self.outcome.started or 0.0)
         finally:
             self.outcome.finished = time.monotonic()
+            if self._stage_log is not None:
+                error = self.outcome.error
+                self._stage_log.end(STAGE, ok=error is None, note=error or "")
 
     def done(self) -> bool:
         return not self._thread.is_alive()
@@ -188,6 +205,7 @@ def start(
     *,
     kernel: bool,
     log: Callable[[str], None],
+    stage_log: stage_records.StageLog | None = None,
 ) -> CompileAhead | None:
     """Starts compiling the run's step in the background; None (and a line saying why) when
     there is no persistent cache to compile into (train.compile_cache_dir unset)."""
@@ -198,7 +216,7 @@ def start(
     def compile_fn() -> Any:
         return lower_step(cfg, hf_config, mesh, total_steps, kernel=kernel).compile()
 
-    return CompileAhead(compile_fn, log).start()
+    return CompileAhead(compile_fn, log, stage_log).start()
 
 
 class CacheReport:

@@ -494,7 +494,13 @@ def _set_up_locked(
         )
     # The step compiles from abstract shapes while the weights load (compile_ahead).
     ahead = compile_ahead.start(
-        cfg, hf_config, mesh, total_steps, kernel=uses_kernel(cfg, mesh), log=log
+        cfg,
+        hf_config,
+        mesh,
+        total_steps,
+        kernel=uses_kernel(cfg, mesh),
+        log=log,
+        stage_log=stage_log,
     )
     # On a new VM the host is ready before its weights are whole: wait for them here, after the
     # data and with the step compiling (workloads.model.base_weights).
