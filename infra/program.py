@@ -145,7 +145,6 @@ def build(
     ssh_keys: str,
     stack: str,
     released: dict[str, Any] | None = None,
-    recovery_secrets: stack_config.RecoverySecrets | None = None,
 ) -> StackResources:
     """Declares every component of a validated config.
 
@@ -156,27 +155,32 @@ def build(
         stack: the Pulumi stack name (a label).
         released: the run's release record (infra.ops.release_record): the training node and its
             deployment are left out.
-        recovery_secrets: the recovery controller's SSH key, passphrase or KMS key
-            (stack_config.load_recovery_secrets); required when recovery.enabled.
     """
     labels = base_labels(cfg, stack)
     apis, account = declare_identity(cfg, stack)
     after_apis = pulumi.ResourceOptions(depends_on=[apis] if apis else [])
     training_bucket, serving_bucket = declare_buckets(cfg, labels, account, after_apis)
     secret = declare_hf_secret(cfg, hf_token, labels, account, after_apis)
-    controller = declare_recovery(
-        cfg, stack, labels, account, training_bucket, recovery_secrets, after_apis
-    )
-    ssh_firewall, api_firewall = declare_firewalls(cfg, controller, after_apis)
+    controller = declare_recovery(cfg, stack, labels, account, training_bucket, after_apis)
+    # The controller no longer deploys over SSH: the SSH rule is the configured ranges alone.
+    ssh_firewall, api_firewall = declare_firewalls(cfg, None, after_apis)
     # The VMs boot straight into their startup scripts, which need the grants in place.
     grants: list[pulumi.Resource] = [account, training_bucket, serving_bucket]
     grants += [secret] if secret is not None else []
     grants += declare_self_service(cfg, account, released is not None)
     vm_opts = pulumi.ResourceOptions(depends_on=grants + ([apis] if apis else []))
-    vms = declare_vms(
-        cfg, labels, account, ssh_keys, stack, released is not None, secret is not None, vm_opts
-    )
     run_config = runconfig_render.render_run_config(cfg)
+    vms = declare_vms(
+        cfg,
+        labels,
+        account,
+        ssh_keys,
+        stack,
+        released is not None,
+        secret is not None,
+        vm_opts,
+        record=(training_bucket.name, run_config.train.output_dir),
+    )
     deployments = declare_deployments(cfg, run_config, vms)
     resources = StackResources(
         config=cfg,
@@ -284,14 +288,11 @@ def declare_recovery(
     labels: dict[str, str],
     account: sa_mod.VmServiceAccount,
     training_bucket: bucket_mod.Bucket,
-    recovery_secrets: stack_config.RecoverySecrets | None,
     opts: pulumi.ResourceOptions,
 ) -> recovery_mod.RecoveryController | None:
     """The recovery controller VM when recovery.enabled, else None."""
     if not cfg.recovery.enabled:
         return None
-    if recovery_secrets is None:
-        raise ValueError("recovery.enabled: build() needs recovery_secrets")
     return recovery_mod.RecoveryController(
         "recover",
         recovery_mod.RecoveryArgs(
@@ -302,13 +303,9 @@ def declare_recovery(
             machine_type=cfg.recovery.machine_type,
             network=cfg.network,
             subnetwork=cfg.subnetwork,
-            backend_url=str(cfg.recovery.backend_url),
             training_bucket=training_bucket.name,
+            record_uri=runconfig_render.recovery_record_uri(cfg, cfg.training_node_name),
             vm_service_account=account.account.name,
-            ssh_key=recovery_secrets.ssh_key,
-            ssh_key_file=str(cfg.ssh.private_key_file),
-            passphrase=recovery_secrets.passphrase,
-            kms_key=recovery_secrets.kms_key,
             interval_s=cfg.recovery.interval_seconds,
             labels=labels,
         ),
@@ -383,20 +380,37 @@ def declare_vms(
     released: bool,
     has_hf_secret: bool,
     opts: pulumi.ResourceOptions,
+    record: tuple[pulumi.Input[str], str] | None = None,
 ) -> dict[str, tpu_mod.TpuVm]:
-    """One TPU VM per row of roles.ROLES that the stack has now, keyed by role name."""
+    """One TPU VM per row of roles.ROLES that the stack has now, keyed by role name.
+
+    Args:
+        record: (training bucket name, run directory): each VM's create request is recorded
+            there for recovery (infra/tpu/record.py); None records nothing.
+    """
     vms: dict[str, tpu_mod.TpuVm] = {}
     for row in roles.ROLES:
         if not row.declared(cfg, released):
             continue
         section = row.section(cfg)
         acc = catalog.accelerator(section.accelerator)
+        node = row.node_name(cfg)
+        recorded = (
+            tpu_mod.RecordArgs(
+                bucket=record[0],
+                role=row.name,
+                run_dir=record[1] if row.name == "train" else None,
+                boot_reports=runconfig_render.boot_reports_uri(cfg, node),
+            )
+            if record is not None
+            else None
+        )
         vms[row.name] = tpu_mod.TpuVm(
             row.name,
             tpu_mod.TpuVmArgs(
                 project=cfg.project,
                 zones=section.zones,
-                node_name=row.node_name(cfg),
+                node_name=node,
                 accelerator_type=acc.name,
                 runtime_version=section.runtime_version or acc.runtime_version,
                 provisioning=section.provisioning,
@@ -410,6 +424,7 @@ def declare_vms(
                 description=f"gemma4-tpu {row.noun} slice ({stack})",
                 queue_spot=section.queue.capacity == "spot",
                 queue_valid_for_hours=section.queue.valid_for_hours,
+                record=recorded,
             ),
             opts=opts,
         )
@@ -461,6 +476,9 @@ def stack_outputs(res: StackResources) -> dict[str, Any]:
         }
     if res.released is not None:
         outputs["trainReleased"] = res.released
+    for role, vm in res.vms.items():  # what `infra.ops recover --vm <role>` recreates it from
+        if vm.record_uri is not None:
+            outputs[f"{role}RecoveryRecord"] = vm.record_uri
     if res.recovery is not None:
         outputs["recoveryController"] = res.recovery.outputs
     if res.serve_vm is not None:
@@ -491,9 +509,6 @@ def run() -> StackResources:
     """
     try:
         cfg, token = stack_config.load_stack_config()
-        recovery_secrets = stack_config.load_recovery_secrets(
-            cfg, stack_config.secrets_provider(pulumi.get_stack())
-        )
         ssh_keys = resolve_ssh_keys(cfg)
     except config_mod.ConfigError as exc:
         lines = "\n".join(f"  {p}" for p in exc.problems)
@@ -517,7 +532,6 @@ def run() -> StackResources:
         ssh_keys=ssh_keys,
         stack=pulumi.get_stack(),
         released=released,
-        recovery_secrets=recovery_secrets,
     )
     export(resources)
     return resources

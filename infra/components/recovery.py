@@ -2,18 +2,19 @@
 
 Why a VM: `python -m infra.ops recover --watch` on the user's machine stops when the laptop
 sleeps, and a preempted spot run then waits for a human. The controller runs that same command
-(the project's own recover loop, from the source the last `pulumi up` uploaded) against the same
-gs:// Pulumi state, so a recovery is exactly the user's `pulumi up --replace`. A small
-Compute Engine VM is the simplest thing that holds a long-running watch with a Pulumi CLI
-(a Cloud Run job would need its own container image and a scheduler).
+(the project's own recover loop, infra/ops/recover.py, from the source the last `pulumi up`
+uploaded): it recreates the node through the Cloud TPU API from the create request `pulumi up`
+recorded in the training bucket, and the new VM restores its release from the bucket at boot.
+No Pulumi runs there: no CLI, no state, no passphrase, no SSH key. A small Compute Engine VM
+is the simplest thing that holds a long-running watch (a Cloud Run job would need its own
+container image and a scheduler).
 
 Least privilege: its own service account with a custom role holding only the Cloud TPU
-permissions a node's create/replace needs (project-wide: Cloud TPU has no per-node IAM), the
-right to attach the VMs' service account to the new node, object access on the state bucket,
-read access on the training bucket, and access to its secrets (the SSH key the deployment uses,
-and the stack's secrets passphrase when the stack uses one; a stack whose secrets provider is a
-gcpkms:// key grants it the use of that one key instead). Its fixed external
-address is added to the SSH firewall rule so its `pulumi up` can redeploy onto the new workers.
+permissions a recreation needs (project-wide: Cloud TPU has no per-node IAM), the right to
+attach the VMs' service account to the new node, read access on the training bucket (the
+recorded request, the run's progress, the VMs' boot reports, its own source), and log writing.
+It holds no secret and writes nothing in any bucket; what it remembers between its own
+restarts (how many new nodes failed) is a file on its disk.
 """
 
 from __future__ import annotations
@@ -24,21 +25,19 @@ import pathlib
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.components import secret as secret_mod
 from infra.components import service_account as sa_mod
 from infra.config import iam_catalogue
-from infra.vm import source_archive, startup, templating
+from infra.vm import source_archive, templating
 from workloads.contract import catalog
 
-# The Cloud TPU REST methods a recovery calls: the controller's `pulumi up --replace` runs the
-# TpuNode provider (infra/resources/tpu_node.py: placement reads the node and its queued
-# resources, deletes them, creates the node directly or through a queued resource, updates its
-# metadata in place, and waits on each long-running operation) and its watch reads the node.
+# The Cloud TPU REST methods a recovery calls (infra/ops/recover.py through
+# infra/tpu/placement.py): it reads the node in each zone and its queued resources, deletes a
+# lost or failed node and its queued resource, creates the node directly or through a queued
+# resource, and waits on each long-running operation. It never updates a node in place.
 RECOVER_METHODS = (
     "projects.locations.nodes.create",
     "projects.locations.nodes.delete",
     "projects.locations.nodes.get",
-    "projects.locations.nodes.patch",
     "projects.locations.queuedResources.create",
     "projects.locations.queuedResources.delete",
     "projects.locations.queuedResources.get",
@@ -52,10 +51,7 @@ RECOVER_METHODS = (
 RECOVER_PERMISSIONS = iam_catalogue.permissions_of(*RECOVER_METHODS)
 IMAGE = "debian-cloud/debian-12"
 DISK_GB = 10
-# The swap file the startup script makes: the peak of a recovery (program, provider, watch,
-# Pulumi engine, pulumi-gcp plugin) must not meet the OOM killer (README, recovery controller).
-SWAP_MB = 1024
-# The service user's home on the controller: `~/` in ssh.privateKeyFile means this there.
+# The service user's home on the controller, where its journal lives.
 RUN_HOME = "/var/lib/gemma4-recover"
 
 
@@ -71,47 +67,23 @@ class RecoveryArgs:
     machine_type: str
     network: str
     subnetwork: str | None
-    backend_url: str
-    """The Pulumi state backend (gs://bucket[/path])."""
     training_bucket: pulumi.Input[str]
-    """Name of the training bucket (the source archive goes there; the run is read there)."""
+    """Name of the training bucket (the source archive and the recorded request are there; the
+    run is read there)."""
+    record_uri: str
+    """The training VM's recorded create request (runconfig_render.recovery_record_uri)."""
     vm_service_account: pulumi.Input[str]
     """The TPU VMs' service account id (projects/.../serviceAccounts/...): the controller may
     attach it to the node it creates."""
-    ssh_key: pulumi.Input[str]
-    """The deployment's SSH private key (a Pulumi secret)."""
-    ssh_key_file: str
-    """ssh.privateKeyFile (under ~/): where the program on the controller finds the key."""
-    passphrase: pulumi.Input[str] | None
-    """The stack's secrets passphrase (a Pulumi secret), or None for a KMS secrets provider."""
-    kms_key: str | None
-    """The gcpkms:// secrets provider's key (projects/.../cryptoKeys/...), or None."""
     interval_s: int
     labels: dict[str, str]
     source_dir: pathlib.Path = source_archive.ROOT
     archive_dir: pathlib.Path = source_archive.ROOT / ".recovery"
 
 
-def state_bucket(backend_url: str) -> str:
-    """gs://bucket/path -> bucket."""
-    return backend_url.removeprefix("gs://").split("/", 1)[0]
-
-
-def secret_id(prefix: str, suffix: str) -> str:
-    """The Secret Manager id of one of the controller's secrets (declared and read by name)."""
-    return f"{prefix}-recover-{suffix}"
-
-
-def key_path_on_controller(ssh_key_file: str) -> str:
-    """~/x -> /var/lib/gemma4-recover/x (the service user's home)."""
-    if not ssh_key_file.startswith("~/"):
-        raise ValueError(f"ssh.privateKeyFile {ssh_key_file!r}: must be under ~/")
-    return f"{RUN_HOME}/{ssh_key_file[2:]}"
-
-
-def monthly_usd(machine_type: str, secrets: int) -> dict[str, float]:
-    """The controller's estimated monthly cost from the catalog's list prices."""
-    parts = catalog.controller_monthly_usd(machine_type, DISK_GB, secrets)
+def monthly_usd(machine_type: str) -> dict[str, float]:
+    """The controller's estimated monthly cost from the catalog's list prices (no secrets)."""
+    parts = catalog.controller_monthly_usd(machine_type, DISK_GB, 0)
     return {**parts, "total": round(sum(parts.values()), 2)}
 
 
@@ -121,29 +93,22 @@ def source_object_name(stack: str) -> str:
     return f"recovery/source-{stack}.tar.gz"
 
 
-def render_startup(
-    args: RecoveryArgs, source_uri: str, ssh_key_secret: str, passphrase_secret: str
-) -> str:
+def render_startup(args: RecoveryArgs, source_uri: str) -> str:
     return templating.render(
         "startup/recover.sh.j2",
         project=args.project,
         stack=args.stack,
-        backend_url=args.backend_url,
         source_uri=source_uri,
-        pulumi_version=startup.pinned_versions()["pulumi"],
-        swap_mb=SWAP_MB,
-        ssh_key_secret=ssh_key_secret,
-        ssh_key_file=key_path_on_controller(args.ssh_key_file),
-        passphrase_secret=passphrase_secret,
+        record_uri=args.record_uri,
         interval_s=args.interval_s,
     )
 
 
 class RecoveryController(pulumi.ComponentResource):
-    """The controller VM, its identity and grants, its secrets and the source it runs.
+    """The controller VM, its identity and grants, and the source it runs.
 
     Attributes:
-        address: its fixed external IP (allowed by the SSH firewall rule).
+        address: its fixed external IP.
         outputs: what the stack exports as `recoveryController`.
     """
 
@@ -161,19 +126,17 @@ class RecoveryController(pulumi.ComponentResource):
             opts=child,
         )
         self.grants: list[pulumi.Resource] = self._declare_grants(name, args, child)
-        passphrase_secret = self._declare_secrets(name, args, child)
         source_uri = self._declare_source(name, args, child)
-        self._declare_vm(name, args, source_uri, has_passphrase=passphrase_secret is not None)
+        self._declare_vm(name, args, source_uri)
         self.outputs = {
             "vm": self.instance.name,
             "zone": args.zone,
             "address": self.address,
             "serviceAccount": self.account.email,
+            "watches": args.record_uri,
             "logsCommand": f"gcloud compute ssh {args.prefix}-recover --zone {args.zone} "
             "-- journalctl -u gemma4-recover -f",
-            "estimatedMonthlyUsd": monthly_usd(
-                args.machine_type, 1 if passphrase_secret is None else 2
-            ),
+            "estimatedMonthlyUsd": monthly_usd(args.machine_type),
         }
         self.register_outputs({"address": self.address})
 
@@ -181,7 +144,7 @@ class RecoveryController(pulumi.ComponentResource):
         self, name: str, args: RecoveryArgs, child: pulumi.ResourceOptions
     ) -> list[pulumi.Resource]:
         """The least-privilege grants of the module docstring (TPU, logs, act-as the VMs'
-        account, the state bucket, read on the training bucket)."""
+        account, read on the training bucket)."""
         member = self.account.member
         return [
             sa_mod.custom_role_grant(
@@ -209,13 +172,6 @@ class RecoveryController(pulumi.ComponentResource):
                 opts=child,
             ),
             gcp.storage.BucketIAMMember(
-                f"{name}-state",
-                bucket=state_bucket(args.backend_url),
-                role="roles/storage.objectAdmin",
-                member=member,
-                opts=child,
-            ),
-            gcp.storage.BucketIAMMember(
                 f"{name}-run",
                 bucket=args.training_bucket,
                 role="roles/storage.objectViewer",
@@ -223,45 +179,6 @@ class RecoveryController(pulumi.ComponentResource):
                 opts=child,
             ),
         ]
-
-    def _declare_secrets(
-        self, name: str, args: RecoveryArgs, child: pulumi.ResourceOptions
-    ) -> secret_mod.StoredSecret | None:
-        """The SSH key and passphrase secrets (and the KMS key's grant); added to self.grants.
-        Returns the passphrase secret, or None for a KMS secrets provider."""
-        member = self.account.member
-
-        def secret(suffix: str, data: pulumi.Input[str]) -> secret_mod.StoredSecret:
-            return secret_mod.StoredSecret(
-                f"{name}-{suffix}",
-                secret_mod.SecretArgs(
-                    project=args.project,
-                    secret_id=secret_id(args.prefix, suffix),
-                    secret_data=data,
-                    accessors=[member],
-                    labels=args.labels,
-                ),
-                opts=child,
-            )
-
-        ssh_secret = secret("ssh-key", args.ssh_key)
-        passphrase_secret = (
-            secret("passphrase", args.passphrase) if args.passphrase is not None else None
-        )
-        self.grants += [ssh_secret] + ([passphrase_secret] if passphrase_secret else [])
-        if args.kms_key is not None:
-            # Pulumi's gcpkms secrets manager unwraps the stack's data key with this key on every
-            # operation; encrypt too, for the CLI's re-wrapping of that data key. This key only.
-            self.grants.append(
-                gcp.kms.CryptoKeyIAMMember(
-                    f"{name}-kms",
-                    crypto_key_id=args.kms_key,
-                    role="roles/cloudkms.cryptoKeyEncrypterDecrypter",
-                    member=member,
-                    opts=child,
-                )
-            )
-        return passphrase_secret
 
     def _declare_source(
         self, name: str, args: RecoveryArgs, child: pulumi.ResourceOptions
@@ -279,9 +196,7 @@ class RecoveryController(pulumi.ComponentResource):
         )
         return pulumi.Output.concat("gs://", args.training_bucket, "/", object_name)
 
-    def _declare_vm(
-        self, name: str, args: RecoveryArgs, source_uri: pulumi.Output[str], *, has_passphrase: bool
-    ) -> None:
+    def _declare_vm(self, name: str, args: RecoveryArgs, source_uri: pulumi.Output[str]) -> None:
         """Its fixed address and the VM, which starts watching at boot."""
         child = pulumi.ResourceOptions(parent=self)
         region = catalog.zone_region(args.zone)
@@ -291,18 +206,11 @@ class RecoveryController(pulumi.ComponentResource):
             name=f"{args.prefix}-recover-ip",
             region=region,
             address_type="EXTERNAL",
-            description="The recovery controller's address (allowed to SSH to the TPU VMs).",
+            description="The recovery controller's address (its way to PyPI and Google's APIs).",
             opts=child,
         )
         self.address = ip.address
-        script = source_uri.apply(
-            lambda uri: render_startup(
-                args,
-                uri,
-                secret_id(args.prefix, "ssh-key"),
-                secret_id(args.prefix, "passphrase") if has_passphrase else "",
-            )
-        )
+        script = source_uri.apply(lambda uri: render_startup(args, uri))
         network = gcp.compute.InstanceNetworkInterfaceArgs(
             network=args.network,
             subnetwork=args.subnetwork,

@@ -7,10 +7,25 @@ import dataclasses
 from typing import Any
 
 import pulumi
+import pulumi_gcp as gcp
 
 from infra.components import service_account as sa_mod
 from infra.resources import tpu_node
 from infra.tpu import placement as tpu_placement
+from infra.tpu import record as record_mod
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordArgs:
+    """Where the node's create request is recorded for recovery (infra/tpu/record.py)."""
+
+    bucket: pulumi.Input[str]
+    """The training bucket's name (runconfig_render.recovery_record_uri's)."""
+    role: str
+    run_dir: str | None
+    """The training run's directory (None for the serving VM)."""
+    boot_reports: str | None
+    """Where the startup script reports a failed boot (runconfig_render.boot_reports_uri)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +64,8 @@ class TpuVmArgs:
     """provisioning queued: wait for spot (True) or on-demand capacity."""
     queue_valid_for_hours: float = 24.0
     """provisioning queued: how long the request waits in one zone."""
+    record: RecordArgs | None = None
+    """Record the create request in the bucket (what recovery recreates the node from)."""
 
 
 def scheduling_for(provisioning: str) -> dict[str, bool] | None:
@@ -90,31 +107,35 @@ class TpuVm(pulumi.ComponentResource):
         }
         if args.subnetwork:
             network["subnetwork"] = args.subnetwork
+        props: dict[str, Any] = {
+            "project": args.project,
+            "node_id": args.node_name,
+            "zones": list(args.zones),
+            "queue": queue_for(args),
+            "accelerator_type": args.accelerator_type,
+            "runtime_version": args.runtime_version,
+            "description": args.description,
+            "scheduling_config": scheduling_for(args.provisioning),
+            "service_account": {
+                "email": args.service_account_email,
+                "scope": [sa_mod.CLOUD_PLATFORM_SCOPE],
+            },
+            "network_config": network,
+            "tags": list(args.tags),
+            "labels": args.labels,
+            "metadata": metadata,
+        }
         self.node = tpu_node.TpuNode(
             f"{name}-node",
-            {
-                "project": args.project,
-                "node_id": args.node_name,
-                "zones": list(args.zones),
-                "queue": queue_for(args),
-                "accelerator_type": args.accelerator_type,
-                "runtime_version": args.runtime_version,
-                "description": args.description,
-                "scheduling_config": scheduling_for(args.provisioning),
-                "service_account": {
-                    "email": args.service_account_email,
-                    "scope": [sa_mod.CLOUD_PLATFORM_SCOPE],
-                },
-                "network_config": network,
-                "tags": list(args.tags),
-                "labels": args.labels,
-                "metadata": metadata,
-            },
-            # Recovery (`python -m infra.ops recover` runs `pulumi up --replace`, which never
-            # asks the provider's diff) must delete the preempted node before creating its
-            # successor under the same name; the diff says the same for every replacement.
+            props,
+            # A replacement (`pulumi up --replace`, which never asks the provider's diff) must
+            # delete the old node before creating its successor under the same name; the diff
+            # says the same for every replacement.
             opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
         )
+        self.record_uri: pulumi.Output[str] | None = None
+        if args.record is not None:
+            self.record_uri = self._declare_record(name, args.node_name, props, args.record)
         self.zone = self.node.zone
         # Where it runs and how it got there (exported as <role>Placement).
         self.placement = pulumi.Output.all(
@@ -130,3 +151,35 @@ class TpuVm(pulumi.ComponentResource):
                 "internal_ips": self.internal_ips,
             }
         )
+
+    def _declare_record(
+        self, name: str, node_id: str, props: dict[str, Any], record: RecordArgs
+    ) -> pulumi.Output[str]:
+        """The node's create request as a JSON object in the training bucket; its gs:// URI.
+
+        Why the program declares it rather than the provider writing it: it holds exactly the
+        TpuNode's inputs (one dict feeds both), `pulumi preview` shows when it changes, the
+        provider needs no storage client or bucket of its own, and `pulumi destroy` deletes it
+        with the node, so nothing can recreate a destroyed stack's TPU from a stale record.
+        """
+        content = pulumi.Output.from_input(props).apply(
+            lambda resolved: record_mod.dumps(
+                record_mod.to_record(
+                    resolved,
+                    role=record.role,
+                    run_dir=record.run_dir,
+                    boot_reports=record.boot_reports,
+                    node_keys=tpu_node.NODE_KEYS,
+                )
+            )
+        )
+        object_name = f"recovery/{node_id}.json"  # runconfig_render.recovery_record_uri
+        self.record = gcp.storage.BucketObject(
+            f"{name}-request",
+            bucket=record.bucket,
+            name=object_name,
+            content=content,
+            content_type="application/json",
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        return pulumi.Output.concat("gs://", record.bucket, "/", object_name)

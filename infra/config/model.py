@@ -27,9 +27,10 @@ PROJECT = "gemma4-tpu"
 HF_TOKEN_KEY = "hfToken"  # noqa: S105 - the name of a config key, not a password
 """The secret config key of the Hugging Face token; never part of StackConfig."""
 RECOVERY_SSH_KEY = "recoverySshKey"
-"""Secret config key: the SSH private key of ssh.privateKeyFile, for the recovery controller."""
+"""Secret config key the recovery controller read while it ran `pulumi up`; no longer read (it
+holds no secret now), still accepted so that a stack file that sets it loads."""
 RECOVERY_PASSPHRASE_KEY = "recoveryPassphrase"  # noqa: S105 - a key name
-"""Secret config key: the stack's secrets passphrase, for the recovery controller."""
+"""Secret config key the recovery controller read while it ran `pulumi up`; no longer read."""
 SECRET_KEYS = (HF_TOKEN_KEY, RECOVERY_SSH_KEY, RECOVERY_PASSPHRASE_KEY)
 """The secret config keys: read by the program as Pulumi secrets, never part of StackConfig."""
 
@@ -304,20 +305,20 @@ class RecoveryStackSection(_Section):
 
     enabled: bool = _field(
         False,
-        description="Declare the controller (needs a gs:// state backend, the recoverySshKey "
-        "secret, and recoveryPassphrase when the stack's secrets use a passphrase).",
+        description="Declare the controller (it recreates the node through the Cloud TPU API "
+        "from the request `pulumi up` records in the training bucket; no secret, no state "
+        "access).",
     )
     backend_url: str | None = _field(
         None,
-        description="The stack's Pulumi state backend, gs://bucket[/path] (what `pulumi login` "
-        "was given); the controller reads and writes the state there.",
+        description="No longer read: the controller does not run Pulumi (accepted so that a "
+        "stack file that sets it loads).",
     )
     zone: str | None = _field(None, description="Zone of the controller; null = training.zone.")
     machine_type: Literal["e2-micro", "e2-small", "e2-medium"] = _field(
         "e2-small",
-        description="Machine type of the controller. e2-small (2 GB) holds a recovery's `pulumi "
-        "up` (program, provider, watch, engine, pulumi-gcp plugin) with room to spare; e2-micro "
-        "(1 GB) is cheaper and leans on the controller's 1 GiB swap file at that peak.",
+        description="Machine type of the controller. Its one process (the watch, with the Cloud "
+        "TPU client and gcsfs) fits any of them; e2-micro (1 GB) is the cheapest.",
     )
     interval_seconds: int = _field(
         120, ge=30, le=3600, description="How often the controller checks the training TPU."

@@ -247,10 +247,10 @@ def render() -> str:
         "`infra/config/validation.py` that read the key and refuse values that do not fit the "
         "catalog (accelerators, zones, memory) or another key. `pulumi preview` reports every "
         "problem at once, one line each, before anything is created. The Hugging Face token is the "
-        "secret key `hfToken` (`pulumi config set --secret gemma4-tpu:hfToken hf_...`); the "
-        "recovery controller's are `recoverySshKey` (the private key of ssh.privateKeyFile) and "
-        "`recoveryPassphrase` (the stack's secrets passphrase, when it has one). Secret keys are "
-        "never part of this schema.",
+        "secret key `hfToken` (`pulumi config set --secret gemma4-tpu:hfToken hf_...`); "
+        "`recoverySshKey` and `recoveryPassphrase`, which the recovery controller read while it "
+        "ran `pulumi up`, are accepted and no longer read. Secret keys are never part of this "
+        "schema.",
         "",
     ]
     current = None

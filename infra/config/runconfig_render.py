@@ -42,6 +42,18 @@ def venv_archive_uri(cfg: config_mod.StackConfig, digest: str) -> str:
     return gs(cfg.training_bucket_name, "venv", f"train-{digest}.tar.gz")
 
 
+def recovery_record_uri(cfg: config_mod.StackConfig, node: str) -> str:
+    """The node's recorded create request (infra/tpu/record.py), what recovery recreates it
+    from: in the training bucket, which recovery reads for the run's progress anyway."""
+    return gs(cfg.training_bucket_name, "recovery", f"{node}.json")
+
+
+def boot_reports_uri(cfg: config_mod.StackConfig, node: str) -> str:
+    """Where the node's workers report a failed boot (`<host>.failed`, one line each): recovery
+    reads it there without SSH and replaces a node whose boot failed."""
+    return gs(cfg.training_bucket_name, "recovery", f"{node}-boot")
+
+
 def run_dir_uri(cfg: config_mod.StackConfig) -> str:
     return gs(cfg.training_bucket_name, "checkpoints", cfg.run_name)
 

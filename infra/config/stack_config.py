@@ -9,7 +9,6 @@ imports the other's caller.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import pathlib
 from typing import Any
@@ -20,8 +19,6 @@ from infra.config import validation
 from infra.config.model import (
     HF_TOKEN_KEY,
     PROJECT,
-    RECOVERY_PASSPHRASE_KEY,
-    RECOVERY_SSH_KEY,
     SECRET_KEYS,
     ConfigError,
     StackConfig,
@@ -193,74 +190,6 @@ def load_stack_config() -> tuple[StackConfig, Any]:
     if problems:
         raise ConfigError(problems)
     return cfg, token
-
-
-PASSPHRASE_PROVIDER = "passphrase"  # noqa: S105 - the provider's name, not a secret
-GCP_KMS_SCHEME = "gcpkms://"
-
-
-def secrets_provider(stack: str, root: pathlib.Path | None = None) -> str:
-    """The stack's secrets provider as `pulumi stack init` wrote it into Pulumi.<stack>.yaml
-    (`secretsprovider`); a stack file without one uses a passphrase (the self-managed backends'
-    default, recorded as `encryptionsalt`)."""
-    path = (root or ROOT) / stack_file(stack)
-    # An unreadable stack file reads as empty here; read_stack_file reports it.
-    provider = _stack_document(path).get("secretsprovider")
-    return str(provider) if provider else PASSPHRASE_PROVIDER
-
-
-@dataclasses.dataclass(frozen=True)
-class RecoverySecrets:
-    """What the recovery controller needs to run `pulumi up` on the stack unattended."""
-
-    ssh_key: Any
-    """The deployment's SSH private key (a Pulumi secret)."""
-    passphrase: Any
-    """The stack's secrets passphrase (a Pulumi secret), or None for a Cloud KMS key."""
-    kms_key: str | None
-    """projects/.../cryptoKeys/... of a gcpkms:// secrets provider, or None for a passphrase."""
-
-
-def load_recovery_secrets(cfg: StackConfig, provider: str) -> RecoverySecrets | None:
-    """The recovery controller's secrets, when the stack declares one; None when it does not.
-
-    `provider` is the stack's secrets provider (`secrets_provider`): a passphrase needs
-    recoveryPassphrase; a gcpkms:// key needs none (the controller is granted that key); the
-    controller cannot reach any other.
-
-    Raises:
-        ConfigError: a secret is missing or stored in plain text, or the provider is unusable.
-    """
-    if not cfg.recovery.enabled:
-        return None
-    problems: list[str] = []
-    key = _secret_config(RECOVERY_SSH_KEY, problems)
-    passphrase = _secret_config(RECOVERY_PASSPHRASE_KEY, problems)
-    if key is None:
-        problems.append(
-            f"{RECOVERY_SSH_KEY}: not set: recovery.enabled needs the private key of "
-            f"ssh.privateKeyFile: `pulumi config set --secret {RECOVERY_SSH_KEY} < "
-            f"{cfg.ssh.private_key_file}` (a key without a passphrase, made for this stack)"
-        )
-    kms_key = None
-    if provider.startswith(GCP_KMS_SCHEME):
-        kms_key = provider.removeprefix(GCP_KMS_SCHEME).split("?", 1)[0]
-        passphrase = None  # the key decrypts the stack; a passphrase would be unused
-    elif provider != PASSPHRASE_PROVIDER:
-        problems.append(
-            f"recovery.enabled: the stack's secrets provider {provider!r} is out of the "
-            "controller's reach: it works with a passphrase or a gcpkms:// key "
-            "(`pulumi stack change-secrets-provider`)"
-        )
-    elif passphrase is None:
-        problems.append(
-            f"{RECOVERY_PASSPHRASE_KEY}: not set: the stack's secrets use a passphrase, which "
-            "the controller needs to run `pulumi up`: `pulumi config set --secret "
-            f"{RECOVERY_PASSPHRASE_KEY}` (or move the stack to a gcpkms:// key)"
-        )
-    if problems:
-        raise ConfigError(problems)
-    return RecoverySecrets(key, passphrase, kms_key)
 
 
 def read_stack_file(path: str | pathlib.Path) -> dict[str, Any]:

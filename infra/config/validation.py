@@ -823,40 +823,16 @@ def _key_file_problems(path: str | None) -> list[str]:
     return []
 
 
-@reads(
-    "recovery.backendUrl",
-    "recovery.enabled",
-    "recovery.zone",
-    "ssh.privateKeyFile",
-    "ssh.publicKey",
-)
+@reads("recovery.enabled", "recovery.zone")
 def rule_recovery(cfg: StackConfig) -> list[str]:
-    """The controller needs a gs:// state backend and a key file it can hold (under ~/)."""
+    """The controller's zone, when set, is a zone name. It needs nothing else of the stack: it
+    recreates the node from the request `pulumi up` records (no state backend, key or secret)."""
     rec = cfg.recovery
     if not rec.enabled:
         return []
-    problems = []
-    if rec.backend_url is None or not re.fullmatch(
-        r"gs://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/[^\s]*)?", rec.backend_url
-    ):
-        problems.append(
-            f"recovery.backendUrl: {rec.backend_url!r}: the stack's state must be in a GCS bucket "
-            "the controller can reach: gs://<bucket>[/path] (`pulumi login gs://<bucket>`)"
-        )
     if rec.zone is not None and not re.fullmatch(r"[a-z]+-[a-z]+[0-9]+-[a-z]", rec.zone):
-        problems.append(f"recovery.zone: {rec.zone!r}: a zone such as us-central1-a, or unset")
-    key = cfg.ssh.private_key_file
-    if key is None or not key.startswith("~/"):
-        problems.append(
-            f"ssh.privateKeyFile: {key!r}: recovery.enabled needs a key file under ~/ (the "
-            "controller puts the recoverySshKey secret at the same place in its own home)"
-        )
-    if cfg.ssh.public_key is None:
-        problems.append(
-            "ssh.publicKey: None: recovery.enabled needs it set, so the controller declares the "
-            "same ssh-keys metadata as your machine (`cat <privateKeyFile>.pub`)"
-        )
-    return problems
+        return [f"recovery.zone: {rec.zone!r}: a zone such as us-central1-a, or unset"]
+    return []
 
 
 # ---------------------------------------------------------------------------------------------

@@ -567,7 +567,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--request",
         metavar="URI",
-        help="the recorded create request (gs://.../recovery/<stack>-<role>.json); "
+        help="the recorded create request (gs://<training bucket>/recovery/<node>.json); "
         "default: the stack output <role>RecoveryRecord",
     )
     parser.add_argument(

@@ -1,8 +1,8 @@
 """The recorded create request of a TPU node: what recovery recreates the node from.
 
-`pulumi up` writes one JSON object per VM into the training bucket
-(`recovery/<stack>-<role>.json`, infra/components/tpu_vm.py): the placement Request the TpuNode
-resource creates its node with (project, node id, zones in order, the queue, the node's spec as
+`pulumi up` writes one JSON object per VM into the training bucket (`recovery/<node name>.json`,
+infra/config/runconfig_render.recovery_record_uri): the placement Request the TpuNode resource
+creates its node with (project, node id, zones in order, the queue, the node's spec as
 the Cloud TPU API names its fields: accelerator, runtime, scheduling, service account, network,
 tags, labels, metadata with the startup script and ssh-keys, which hold no secret), plus where
 the run writes and where the VM reports a failed boot. Recovery (infra/ops/recover.py) reads it
@@ -45,16 +45,6 @@ class Recorded:
     request: placement.Request
     run_dir: str | None = None
     boot_reports: str | None = None
-
-
-def object_name(stack: str, role: str) -> str:
-    """The training bucket's object that holds one VM's record."""
-    return f"recovery/{stack}-{role}.json"
-
-
-def boot_reports_dir(bucket_uri: str, stack: str, role: str) -> str:
-    """Where that VM's workers report a failed boot (gs://bucket/recovery/<stack>-<role>-boot)."""
-    return f"{bucket_uri.rstrip('/')}/recovery/{stack}-{role}-boot"
 
 
 def to_record(

@@ -209,6 +209,9 @@ def _common(
         "tmpdir": TMPDIR,
         # The serving venv is two small packages: pip is as fast as an archive there.
         "venv_archive_uri": "",
+        "boot_report_uri": runconfig_render.boot_reports_uri(
+            cfg, cfg.training_node_name if role == "train" else cfg.serving_node_name
+        ),
     }
 
 

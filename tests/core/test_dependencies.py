@@ -2,7 +2,8 @@
 `infra` comes from a distribution pyproject.toml declares, and every declared runtime dependency
 is imported somewhere (or is a documented runtime plugin). Also: `workloads` never imports
 `infra` (the VMs get `workloads` alone), neither package has an import cycle, lazy or not, and
-the infra extra alone (the recovery controller's install) runs the program and `infra.ops`.
+the infra extra alone runs the program and `infra.ops`, and the recover extra alone (the recovery
+controller's install) runs `infra.ops recover`.
 """
 
 from __future__ import annotations
@@ -196,7 +197,7 @@ def test_constraints_pin_every_declared_package_at_the_version_installed_here():
 
 def test_the_build_requirements_are_exact_pins_of_what_is_installed_here():
     """pip builds the project in an isolated environment that constraints.txt does not reach
-    (the recovery controller's `pip install -e src[infra]`): only an exact pin there makes the
+    (the recovery controller's `pip install -e src[recover]`): only an exact pin there makes the
     build tools of every install the same."""
     requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
     for requirement in requires:
@@ -205,8 +206,8 @@ def test_the_build_requirements_are_exact_pins_of_what_is_installed_here():
         assert importlib.metadata.version(name) == version, requirement
 
 
-# What the recovery controller (and a laptop that only runs `pulumi up`) installs: the core and
-# the infra extra, never the training stack. These must start without it.
+# What a laptop that only runs `pulumi up` installs: the core and the infra extra, never the
+# training stack. These must start without it.
 INFRA_ONLY_MODULES = (
     "infra.program",
     "infra.ops",
@@ -252,9 +253,8 @@ for stack in ("dev", "prod"):
     )
     assert recording.resources, stack
 mapping = pulumi_mocks.stack_file_config("dev")
-mapping["recovery"] = {{"enabled": True, "backendUrl": "gs://acme-state"}}
-secrets = {{"recoverySshKey": "k", "recoveryPassphrase": "p"}}
-recording = pulumi_mocks.run_program("dev", mapping, hf_token="hf_x", secrets=secrets)
+mapping["recovery"] = {{"enabled": True}}
+recording = pulumi_mocks.run_program("dev", mapping, hf_token="hf_x")
 assert recording.of_type("gcp:compute/instance:Instance")
 from infra.ops import cli as ops
 sys.exit(ops.main(["recover", "--help"]))
@@ -326,3 +326,35 @@ def test_tunix_modules_import_with_the_declared_set_and_without_what_tunix_lists
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == f"imported {len(modules)}"
+
+
+def test_the_recover_extra_alone_runs_the_recovery_controllers_command():
+    """The controller installs the core and the `recover` extra only (no pulumi-gcp, no JAX):
+    `python -m infra.ops recover` must import and parse with nothing else."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    kept = {_name(r) for r in project["dependencies"]} | {_name(r) for r in extras["recover"]}
+    dropped = {_name(r) for r in (*extras["infra"], *extras["workloads"])} - kept
+    assert "pulumi-gcp" in dropped
+    blocked = sorted(
+        module
+        for module, dists in importlib.metadata.packages_distributions().items()
+        if module.isidentifier() and all(_name(d) in dropped for d in dists)
+    )
+    script = f"""
+import importlib, importlib.abc, sys
+BLOCKED = set({blocked!r})
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"{{name}} (not in the recover extra)")
+sys.meta_path.insert(0, Absent())
+import infra.ops.recover, infra.tpu.record
+from infra.ops import cli as ops
+sys.exit(ops.main(["recover", "--help"]))
+"""
+    run = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "--request" in run.stdout and "--journal" in run.stdout

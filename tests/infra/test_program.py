@@ -36,6 +36,7 @@ SERVICE = "gcp:projects/service:Service"
 
 DEPLOYMENT = "pulumi-python:dynamic/gemma4:SshDeployment"
 
+RECORD = "gcp:storage/bucketObject:BucketObject"
 EXPECTED_COUNTS = {
     "dev": {
         TPU: 1,
@@ -49,6 +50,7 @@ EXPECTED_COUNTS = {
         FIREWALL: 1,
         SERVICE: 5,
         DEPLOYMENT: 1,
+        RECORD: 1,  # the training node's create request, for recovery (infra/tpu/record.py)
     },
     "prod": {
         TPU: 2,
@@ -62,6 +64,7 @@ EXPECTED_COUNTS = {
         FIREWALL: 1,
         SERVICE: 5,
         DEPLOYMENT: 2,
+        RECORD: 2,
     },
 }
 

@@ -28,7 +28,7 @@ time.sleep(float(sys.argv[1]))
 
 def _recover_script() -> str:
     args = controller_args()
-    script = recovery_mod.render_startup(args, "gs://b/recovery/source-dev.tar.gz", "k", "p")
+    script = recovery_mod.render_startup(args, "gs://b/recovery/source-dev.tar.gz")
     return script.replace('\nmain "$@"\n', "\n")  # sourced: the test calls the steps
 
 

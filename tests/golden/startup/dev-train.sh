@@ -13,6 +13,9 @@ readonly READY_MARKER=/run/gemma4/ready
 readonly BOOT_FAILED_MARKER=/var/lib/gemma4/boot-failed
 # The same line in RAM, written first: on a boot disk full to the last byte it is the only one.
 readonly BOOT_FAILED_NOTE=/run/gemma4/boot-failed
+# The same line in the bucket, one object per worker (<host>.failed): recovery reads it there,
+# without SSH, and replaces a node whose boot failed instead of leaving it billing idle.
+readonly BOOT_REPORT_URI=gs://your-gcp-project-gemma4-dev-us-central1/recovery/gemma4-dev-train-boot
 readonly ENV_FILE=/etc/gemma4/env
 readonly LOG_FILE=/var/log/gemma4-startup.log
 # Stage records (workloads/common/stage_records.py documents the format): one JSON line per start and end.
@@ -438,7 +441,17 @@ boot_ended() {
       "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$(hostname)" "${cause:-no output}" "$LOG_FILE")
     write_marker "$BOOT_FAILED_NOTE" "$line" || true
     write_marker "$BOOT_FAILED_MARKER" "$line" || rm -f "$BOOT_FAILED_MARKER.tmp"
+    report_boot_failure "$line"
   fi
+}
+
+# report_boot_failure LINE: LINE to $BOOT_REPORT_URI/<host>.failed. Bounded and best effort: a
+# boot that failed for want of network cannot report it, and recovery's deadline for the first
+# training step covers that case.
+report_boot_failure() {
+  [ -n "$BOOT_REPORT_URI" ] || return 0
+  printf '%s\n' "$1" | timeout 120 gcloud storage cp - "$BOOT_REPORT_URI/$(hostname).failed" \
+    >/dev/null 2>&1 || log "could not report the failed boot to $BOOT_REPORT_URI"
 }
 
 # write_marker PATH LINE: PATH holds LINE whole or is left as it was (a full disk fails the

@@ -1,7 +1,7 @@
 """Every permission the program grants is one of Google's: the dev and prod stacks with every
-grant turned on (the recovery controller with a passphrase or a KMS key, releaseWhenDone,
-stopAfterHours) run under Pulumi's mocks, and each custom role's permissions and each binding's
-role are looked up in infra/config/iam_catalogue.py.
+grant turned on (the recovery controller, releaseWhenDone, stopAfterHours) run under Pulumi's
+mocks, and each custom role's permissions and each binding's role are looked up in
+infra/config/iam_catalogue.py.
 
 Why: IAM refuses a custom role naming a permission it does not know, and the mocks accept any
 string. The controller's role once named tpu.queuedResources.*, which Cloud TPU does not have;
@@ -15,16 +15,11 @@ from typing import Any
 import pytest
 
 from infra.components import recovery as recovery_mod
-from infra.config import iam_catalogue, stack_config
+from infra.config import iam_catalogue
 from infra.ops import release_record
 from tests.fixtures import pulumi_mocks
 
 TOKEN = "hf_TEST_SECRET_3f9a1c7e5b2d4068a1b2c3d4e5f60718"
-SSH_KEY = (
-    "-----BEGIN OPENSSH PRIVATE KEY-----\nTESTKEYb3BlbnNzaC1rZXktdjE\n"
-    "-----END OPENSSH PRIVATE KEY-----\n"
-)
-KMS_KEY = "projects/acme/locations/global/keyRings/pulumi/cryptoKeys/gemma4"
 CUSTOM_ROLE = "gcp:projects/iAMCustomRole:IAMCustomRole"
 # Every binding type the program declares today: a new one must be added here to be checked.
 BINDINGS = {
@@ -32,7 +27,6 @@ BINDINGS = {
     "gcp:serviceaccount/iAMMember:IAMMember",
     "gcp:storage/bucketIAMMember:BucketIAMMember",
     "gcp:secretmanager/secretIamMember:SecretIamMember",
-    "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember",
 }
 # What the controller's role held before the catalogue: Cloud TPU has no queued-resource
 # permissions (the queued-resource methods are authorized by tpu.nodes.*).
@@ -53,7 +47,7 @@ OLD_RECOVER_PERMISSIONS = (
 def every_grant_on(stack: str) -> dict[str, Any]:
     """The stack file with the recovery controller, releaseWhenDone and (prod) stopAfterHours."""
     mapping = pulumi_mocks.stack_file_config(stack)
-    mapping["recovery"] = {"enabled": True, "backendUrl": "gs://acme-pulumi-state/gemma4"}
+    mapping["recovery"] = {"enabled": True}
     mapping = pulumi_mocks.with_key(mapping, "training.releaseWhenDone", True)
     if stack == "prod":
         # Only an on-demand node can be stopped (a spot one is deleted instead).
@@ -62,17 +56,10 @@ def every_grant_on(stack: str) -> dict[str, Any]:
     return mapping
 
 
-def run(
-    stack: str, monkeypatch: pytest.MonkeyPatch, *, kms: bool = False
-) -> pulumi_mocks.Recording:
+def run(stack: str, monkeypatch: pytest.MonkeyPatch) -> pulumi_mocks.Recording:
     # The run has not released its node (the bucket would say so), so the role is declared.
     monkeypatch.setattr(release_record.storage, "exists", lambda _uri: False)
-    secrets = {"recoverySshKey": SSH_KEY}
-    if kms:
-        monkeypatch.setattr(stack_config, "secrets_provider", lambda _s: f"gcpkms://{KMS_KEY}")
-    else:
-        secrets["recoveryPassphrase"] = "correct-horse-battery-staple-7f3a"
-    return pulumi_mocks.run_program(stack, every_grant_on(stack), hf_token=TOKEN, secrets=secrets)
+    return pulumi_mocks.run_program(stack, every_grant_on(stack), hf_token=TOKEN)
 
 
 def outside_the_catalogue(rec: pulumi_mocks.Recording) -> list[str]:
@@ -102,18 +89,17 @@ def outside_the_catalogue(rec: pulumi_mocks.Recording) -> list[str]:
     return lines
 
 
-@pytest.mark.parametrize(("stack", "kms"), [("dev", False), ("dev", True), ("prod", False)])
+@pytest.mark.parametrize("stack", ["dev", "prod"])
 def test_every_permission_the_program_grants_is_googles(
-    stack: str, kms: bool, monkeypatch: pytest.MonkeyPatch
+    stack: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    rec = run(stack, monkeypatch, kms=kms)
+    rec = run(stack, monkeypatch)
     assert outside_the_catalogue(rec) == []
     # Not vacuous: both custom roles and a binding of each kind were checked.
     role_ids = sorted(r.inputs["roleId"].split("_")[0] for r in rec.of_type(CUSTOM_ROLE))
     assert role_ids == ["gemma4Recover", "gemma4SelfService"]
     kinds = {r.type for r in rec.resources if r.custom and "role" in r.inputs}
-    expected = BINDINGS if kms else BINDINGS - {"gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember"}
-    assert kinds == expected
+    assert kinds == BINDINGS
     if stack == "prod":
         (self_service,) = [
             r for r in rec.of_type(CUSTOM_ROLE) if r.inputs["roleId"].startswith("gemma4Self")

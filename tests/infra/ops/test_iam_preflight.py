@@ -90,7 +90,7 @@ def google_list(*leave_out: str, **support: str) -> list[dict[str, Any]]:
 
 def every_role(stack: str = "prod") -> Any:
     mapping = pulumi_mocks.stack_file_config(stack, project=PROJECT)
-    mapping["recovery"] = {"enabled": True, "backendUrl": "gs://acme-pulumi-state"}
+    mapping["recovery"] = {"enabled": True}
     mapping = pulumi_mocks.with_key(mapping, "training.releaseWhenDone", True)
     return stack_config.parse_stack_config(mapping)
 
@@ -117,10 +117,9 @@ def test_preflight_checks_the_roles_the_program_declares(monkeypatch: pytest.Mon
     """stack_roles reads the config as the program does: the same roles, the same permissions."""
     monkeypatch.setattr(release_record.storage, "exists", lambda _uri: False)
     mapping = pulumi_mocks.stack_file_config("prod", project=PROJECT)
-    mapping["recovery"] = {"enabled": True, "backendUrl": "gs://acme-pulumi-state"}
+    mapping["recovery"] = {"enabled": True}
     mapping = pulumi_mocks.with_key(mapping, "training.releaseWhenDone", True)
-    secrets = {"recoverySshKey": "k", "recoveryPassphrase": "correct-horse-battery-staple-7f3a"}
-    rec = pulumi_mocks.run_program("prod", mapping, hf_token="hf_x" * 8, secrets=secrets)
+    rec = pulumi_mocks.run_program("prod", mapping, hf_token="hf_x" * 8)
     declared = sorted(
         (r.inputs["roleId"].rsplit("_", 1)[0], tuple(sorted(r.inputs["permissions"])))
         for r in rec.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
@@ -140,7 +139,7 @@ def test_roles_the_project_can_hold_pass_reading_every_page(iam: FakeIam) -> Non
         ),
         (
             True,
-            f"custom role gemma4Recover_gemma4_prod_* (recovery.enabled): its 6 permissions "
+            f"custom role gemma4Recover_gemma4_prod_* (recovery.enabled): its 5 permissions "
             f"can be held in project {PROJECT}",
         ),
     ]
@@ -155,7 +154,7 @@ def test_roles_the_project_can_hold_pass_reading_every_page(iam: FakeIam) -> Non
 def test_a_permission_the_project_cannot_hold_is_one_line_naming_the_role(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    listed = google_list("tpu.nodes.update", **{"tpu.operations.get": "NOT_SUPPORTED"})
+    listed = google_list("tpu.nodes.create", **{"tpu.operations.get": "NOT_SUPPORTED"})
     for _server in serve(FakeIam(listed), monkeypatch):
         report = iam_preflight.check_roles(every_role(), requests.Session)
     assert report.warnings == []
@@ -169,7 +168,7 @@ def test_a_permission_the_project_cannot_hold_is_one_line_naming_the_role(
         (
             False,
             "custom role gemma4Recover_gemma4_prod_* (recovery.enabled): permission "
-            f"tpu.nodes.update cannot be held in project {PROJECT} (IAM does not list it there: "
+            f"tpu.nodes.create cannot be held in project {PROJECT} (IAM does not list it there: "
             "misspelt, or not Google's)",
         ),
         (

@@ -364,10 +364,9 @@ def test_the_cli_runs_one_pass_from_the_recorded_request(
     _place(target)
     tpu_cloud.preempt(_name())
     out = io.StringIO()
-    code = ops.main(
-        ["recover", "--request", str(tmp_path / "train.json"), "--yes", "--journal", "j.json"],
-        out=out,
-    )
+    journal = str(tmp_path / "j.json")
+    request = str(tmp_path / "train.json")
+    code = ops.main(["recover", "--request", request, "--yes", "--journal", journal], out=out)
     assert code == 0 and tpu_cloud.state(_name()) == "READY", out.getvalue()
     outputs = tmp_path / "outputs.json"
     outputs.write_text(json.dumps({"trainRecoveryRecord": str(tmp_path / "train.json")}))
