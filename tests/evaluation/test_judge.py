@@ -234,6 +234,36 @@ def test_hierarchical_names_inside_the_design_pass(loaded, tmp_path):
     assert (verdict.passed, verdict.status) == (True, "."), verdict.reason
 
 
+@pytest.mark.parametrize("name", sorted(vs.DRIVES_ITS_INPUTS))
+def test_a_design_that_drives_its_own_inputs_is_refused(loaded, references, tmp_path, name):
+    code = vs.DRIVES_ITS_INPUTS[name]
+    verdict = judge.judge_sample(code, loaded["majority3"], expected_samples=57, limits=FAST)
+    assert (verdict.passed, verdict.status) == (False, "H"), verdict.reason
+    assert verdict.reason == "refused: the design drives its own input port a"
+    assert verdict.samples is None  # refused before the simulation
+
+
+def test_forcing_its_own_inputs_passes_the_official_flow(loaded, tmp_path):
+    # Why the judge needs the check: the testbench's nets carry the forced values to the
+    # reference too, and a design stuck at 0 matches it.
+    code = vs.DRIVES_ITS_INPUTS["forces_them"]
+    assert official_flow.status(code, loaded["majority3"], tmp_path) == "."
+
+
+def test_a_design_that_deposits_into_its_own_inputs_is_refused(loaded, tmp_path):
+    code = vs.DEPOSITS_INTO_ITS_INPUTS
+    assert official_flow.status(code, loaded["majority3"], tmp_path) == "."
+    verdict = judge.judge_sample(code, loaded["majority3"], expected_samples=57, limits=FAST)
+    assert (verdict.passed, verdict.status) == (False, "F"), verdict.reason
+    assert verdict.reason == "refused before compiling: uses $deposit (after preprocessing)"
+
+
+def test_a_design_that_only_reads_its_inputs_passes(loaded, tmp_path):
+    code = vs.MAJORITY_READS_ITS_INPUTS
+    verdict = judge.judge_sample(code, loaded["majority3"], expected_samples=57, limits=FAST)
+    assert (verdict.passed, verdict.status) == (True, "."), verdict.reason
+
+
 # verilog-eval's own testbenches keep their counters in a struct `stats1` inside `tb`, and one
 # here adds a parameter the verdict depends on, for a defparam to reach.
 STATS_TESTBENCH = """\
@@ -413,7 +443,8 @@ def test_the_official_commands_run_in_a_private_directory_per_sample(loaded, mon
     assert [argv for argv, _, _ in calls] == [
         preprocess_argv,
         compile_argv,
-        [*alone_argv, "sample.sv"],  # the design elaborated without the testbench
+        # The design elaborated without the testbench, its netlist dumped for the port check.
+        [*alone_argv, "-N", "design.netlist", "sample.sv"],
         ["vvp", "-n", "sim"],
     ] * 2
     assert calls[0][2] == ["sample.sv"]  # the design is preprocessed alone

@@ -180,7 +180,7 @@ PARITY: dict[str, Row] = {
     # c: a column-0 endmodule before `module TopModule`: the text from the top to that
     # endmodule, the helper alone.
     "bare code, helper module first": Row(HELPER_AND + "\n" + TOP_WITH_HELPER, "m", "m"),
-    # The one difference for a design that compiles and runs to the testbench's verdict: a
+    # A difference for a design that compiles and runs to the testbench's verdict: a
     # wrong design that writes the testbench's mismatch counter (`tb.wrong`) passes the official
     # flow; we elaborate the design alone too, where that name cannot bind, and refuse it.
     "fence: wrong design that clears the testbench's counter": Row(
@@ -188,6 +188,14 @@ PARITY: dict[str, Row] = {
         ".",
         "H",
         differs="hierarchical reference out of the design",
+    ),
+    # The other: a wrong design that forces its own inputs, which are the testbench's nets, so
+    # the reference sees the forced values too; the design's netlist shows it and we refuse it.
+    "fence: wrong design that forces its own inputs": Row(
+        fenced(vs.DRIVES_ITS_INPUTS["forces_them"]),
+        ".",
+        "H",
+        differs="drives its own input port",
     ),
     # Reasoning is not part of the answer the official flow sees (the server's parser strips
     # it); then b.
@@ -236,12 +244,14 @@ def test_the_table_covers_both_verdicts_and_every_rule():
 
 def test_the_only_verdicts_that_differ_are_named():
     """Pass against fail between the official flow and ours happens in named rows only (the
-    hostile samples of test_judge.py aside): today one, a design reaching into the testbench."""
+    hostile samples of test_judge.py aside): today two, a design reaching into the testbench
+    and one driving its own inputs."""
     differing = {shape: row.differs for shape, row in PARITY.items() if row.differs}
     assert differing == {
         "fence: wrong design that clears the testbench's counter": (
             "hierarchical reference out of the design"
-        )
+        ),
+        "fence: wrong design that forces its own inputs": "drives its own input port",
     }
 
 

@@ -91,6 +91,48 @@ REACHES_OUT = {
 _MAJORITY_LOGIC = "  assign y = (a & b) | (a & c) | (b & c);\n"
 _HEADER = "module TopModule (input a, input b, input c, output y);\n"
 
+# Wrong logic (y stuck at 0) that holds its own inputs at 0, where the reference's output is 0
+# too: the input ports are the testbench's nets, so the reference sees the same forced inputs.
+# Every way of driving a net iverilog elaborates, each on input port `a` (b and c the same way).
+_STUCK_HEADER = "module TopModule (input a, input b, input c, output y);\n  assign y = 1'b0;\n"
+_ZERO_SOURCE = "module Zero (output q);\n  assign q = 1'b0;\nendmodule\n"
+DRIVES_ITS_INPUTS = {
+    "forces_them": _STUCK_HEADER
+    + "  initial begin force a = 1'b0; force b = 1'b0; force c = 1'b0; end\nendmodule\n",
+    "forces_a_part_later": _STUCK_HEADER.replace("input c", "input [0:0] c")
+    + "  initial begin #1 force a = 1'b0; force b = 1'b0; force c[0] = 1'b0; end\nendmodule\n",
+    "shorts_them_to_ground": _STUCK_HEADER
+    + "  supply0 gnd;\n  tran t1 (a, gnd);\n  tran t2 (b, gnd);\n  tranif1 t3 (c, gnd, 1'b1);\n"
+    + "endmodule\n",
+    "assigns_them": _STUCK_HEADER
+    + "  assign (supply0, supply1) a = 1'b0;\n  assign (supply0, supply1) b = 1'b0;\n"
+    + "  assign (supply0, supply1) c = 1'b0;\nendmodule\n",
+    "drives_them_from_a_submodule": _ZERO_SOURCE
+    + _STUCK_HEADER
+    + "  Zero z1 (.q(a));\n  Zero z2 (.q(b));\n  Zero z3 (.q(c));\nendmodule\n",
+    "forces_them_from_a_submodule": "module Hold;\n"
+    + "  initial begin force TopModule.a = 1'b0; force TopModule.b = 1'b0; "
+    + "force TopModule.c = 1'b0; end\nendmodule\n"
+    + _STUCK_HEADER
+    + "  Hold h ();\nendmodule\n",
+}
+# The same through $deposit, a system task that writes a net's value whatever drives it (not an
+# elaborated driver: the preprocessed text is checked for it).
+DEPOSITS_INTO_ITS_INPUTS = (
+    _STUCK_HEADER
+    + "  always @(a or b or c) begin\n"
+    + "    $deposit(a, 1'b0); $deposit(b, 1'b0); $deposit(c, 1'b0);\n  end\nendmodule\n"
+)
+# Correct logic whose inputs go through a submodule's input, an alias wire and a tran-free
+# buffer: reading an input port, however indirectly, is not driving it.
+MAJORITY_READS_ITS_INPUTS = (
+    "module and2 (input p, input q, output r);\n  assign r = p & q;\nendmodule\n"
+    + _HEADER
+    + "  wire a_copy = a;\n  wire ab, ac, bc;\n  buf (bc_in, b);\n"
+    + "  and2 u_ab (.p(a_copy), .q(b), .r(ab));\n  and2 u_ac (.p(a), .q(c), .r(ac));\n"
+    + "  and2 u_bc (.p(bc_in), .q(c), .r(bc));\n  assign y = ab | ac | bc;\nendmodule\n"
+)
+
 
 def _forged(then: str) -> str:
     return (

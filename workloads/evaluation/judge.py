@@ -39,7 +39,8 @@ what to install).
 On top of that, to keep the verdicts honest: the design is first preprocessed alone (`iverilog -E`,
 in the sandbox, in a directory holding nothing but the design), and the sample is refused (`F`)
 when that preprocessed text, what the compiler will parse, calls a file-writing or file-reading
-system task or prints the testbench's verdict string, or when the design includes any file
+system task or `$deposit` (it writes a net, an input port the testbench drives included, past its
+drivers) or prints the testbench's verdict string, or when the design includes any file
 (`include, however the macros spell it: iverilog's -Minclude list must be empty); `include
 in the official code (compiled, never run) is refused too. Empty code is `X`.
 
@@ -54,11 +55,18 @@ arguments), and a name that leaves the design's own module tree cannot bind when
 is absent. A design that elaborates with the testbench but not alone, or whose `defparam` finds
 its scope only with the testbench, is refused (`H`, with the name it reached for); names inside
 the design (`u_sub.q`, `TopModule.u_sub.q`) bind alone and pass. The official flow has no such
-check and passes such a design: the one place, besides the tagged verdict line, where our
-verdict differs from the official one for a design that compiles (tests/evaluation/
-test_parity.py names it). What elaboration cannot see is not covered: a design that drives its
-own input ports (iverilog coerces them to inout) acts on the testbench's nets through the
-ports it was given, as in the official flow. Samples run in
+check and passes such a design: with the input ports below, the places, besides the tagged
+verdict line, where our verdict differs from the official one for a design that compiles
+(tests/evaluation/test_parity.py names them).
+
+Nor may a design drive its own input ports: iverilog joins an input port with the testbench's net
+(coercing a driven one to inout), so a design that forces its inputs, drives them or shorts them
+to a supply with a tran hands the reference the same altered inputs, and a wrong design stuck at
+the matching output passes the official flow. The elaboration alone also dumps iverilog's
+netlist (-N), which says, per signal of TopModule, whether it is an input port, whether a
+procedural statement writes it (force, release) and which nets it joins, and per node whether a
+pin drives its net; an input port written or driven from inside the design is refused (`H`,
+naming the port). Samples run in
 parallel on a thread pool of os.cpu_count() workers (the threads only wait on child processes).
 
 Long on purpose: it reproduces verilog-eval's official judging (its iverilog commands, the
@@ -98,7 +106,7 @@ _FORBIDDEN_RE = re.compile(
     r"\$(?:fopen|fclose|fdisplay\w*|fwrite\w*|fstrobe\w*|fmonitor\w*|fputc|fflush|fread|fgets|"
     r"fgetc|fscanf|fseek|rewind|ungetc|readmem\w*|writemem\w*|dumpfile|dumpvars|dumpall|"
     r"dumpflush|dumplimit|dumpon|dumpoff|dumpports\w*|system|sdf_annotate|value\$plusargs|"
-    r"test\$plusargs)\b|`include\b|Mismatches"
+    r"test\$plusargs|deposit)\b|`include\b|Mismatches"
 )
 # The module the testbench instantiates: the one root of the design alone (spec-to-rtl's name).
 DESIGN_TOP = "TopModule"
@@ -107,6 +115,17 @@ _ALONE_FLAGS = ("-g2012", "-Wno-timescale", "-t", "null", "-s", DESIGN_TOP)
 _QUOTED_NAME_RE = re.compile(r"(?:``|`|<)([^\s`'<>]+)(?:''|'|>)")
 # iverilog's warning for a defparam whose scope does not exist (elaboration still succeeds).
 _DANGLING_DEFPARAM_RE = re.compile(r"warning: Scope of (\S+) not found\.")
+# The netlist iverilog dumps (-N) after elaborating the design alone: per signal of each scope its
+# port direction and how often a procedural statement (force, release, assign) writes it, and the
+# nexus ("0x..." addresses) it joins; per node (gate, tran, constant, part select...) the nexus of
+# each pin and whether the pin drives it (anything but I: O drives, p is a tran's passive end).
+_NETLIST = "design.netlist"
+_NETLIST_SIGNAL_RE = re.compile(
+    r"^    \S[^:]*: (?P<name>\S+) unpacked dims=\d+ pin_count=\d+ (?:\(local\) )?"
+    r"(?:(?P<port>input|output|inout) )?.*?\(eref=\d+, lref=(?P<lref>\d+)\)"
+)
+_NETLIST_NEXUS_RE = re.compile(r"^        \[\d+\]: (0x[0-9a-f]+)")
+_NETLIST_PIN_RE = re.compile(r"^    +\d+ pin\d+ (?P<kind>\S+) .*: (?P<nexus>0x[0-9a-f]+)")
 _LOG_TAIL_CHARS = 2000
 _DISK_CHECK_S = 0.2
 # Scratch files of the preprocessing check, removed before the testbench joins the sample.
@@ -555,10 +574,11 @@ def _outside_the_design(workdir: str, limits: Limits, full_log: str) -> tuple[st
     with the testbench with full_log, to learn whether the design reaches outside itself.
 
     Returns:
-        (status, reason, log) when it does (H: it needs the testbench to elaborate, or a defparam
-        of it lands there; T or O when this elaboration itself runs away), else None.
+        (status, reason, log) when it does (H: it needs the testbench to elaborate, a defparam
+        of it lands there, or it drives one of its own input ports; T or O when this
+        elaboration itself runs away), else None.
     """
-    ran = _run(["iverilog", *_ALONE_FLAGS, "sample.sv"], workdir, limits)
+    ran = _run(["iverilog", *_ALONE_FLAGS, "-N", _NETLIST, "sample.sv"], workdir, limits)
     if ran.timed_out or ran.overflowed:
         status = "T" if ran.timed_out else "O"
         return status, f"elaborating the design alone: {STATUS_MEANINGS[status]}", ran.text
@@ -569,8 +589,52 @@ def _outside_the_design(workdir: str, limits: Limits, full_log: str) -> tuple[st
         if name not in _DANGLING_DEFPARAM_RE.findall(full_log)
     ]
     if ran.returncode == 0 and not dangling:
+        netlist = os.path.join(workdir, _NETLIST)
+        driven = _driven_inputs(_read_capped(netlist, _PREPROCESSED_CAP))
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(netlist)  # not counted against the simulation's file budget
+        if driven:
+            return "H", f"refused: the design drives its own input port {driven[0][:200]}", ran.text
         return None
     return "H", _outside_reason(ran.text, dangling), ran.text
+
+
+def _driven_inputs(netlist: str) -> list[str]:
+    """The input ports of DESIGN_TOP that the design itself writes or drives, from the netlist
+    iverilog dumped after elaborating it alone.
+
+    An input port is the testbench's net: iverilog joins it with the net the testbench connects
+    (a driven input is coerced to inout), so a design that forces its inputs, drives them or
+    shorts them with a tran hands the reference the same altered inputs, and a wrong design
+    stuck at the matching output passes. No design of a spec needs to.
+    """
+    ports: dict[str, set[str]] = {}
+    written: list[str] = []
+    driven: set[str] = set()
+    section, scope, port = "", "", None
+    for line in netlist.splitlines():
+        if not line.startswith(" "):
+            section = line if line.endswith(":") and line.isupper() else section
+            scope = line.split(" ", 1)[0] if section == "SCOPES:" else ""
+            port = None
+            continue
+        if section == "SCOPES:" and scope == DESIGN_TOP:
+            signal = _NETLIST_SIGNAL_RE.match(line)
+            if signal:
+                port = signal["name"] if signal["port"] == "input" else None
+                if port is not None:
+                    ports[port] = set()
+                    if int(signal["lref"]):
+                        written.append(port)
+                continue
+            nexus = _NETLIST_NEXUS_RE.match(line)
+            if nexus and port is not None:
+                ports[port].add(nexus.group(1))
+        elif section == "ELABORATED NODES:":
+            pin = _NETLIST_PIN_RE.match(line)
+            if pin and pin["kind"] != "I":
+                driven.add(pin["nexus"])
+    return [name for name, nexus in ports.items() if name in written or nexus & driven]
 
 
 def _outside_reason(alone_log: str, dangling: Sequence[str]) -> str:
