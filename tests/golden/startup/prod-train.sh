@@ -336,6 +336,13 @@ apt_get() {
   wait_for_apt && apt-get -o DPkg::Lock::Timeout=600 "$@"
 }
 
+# apt_free CMD ARGS...: CMD once no other apt holds a lock: a tool that runs apt itself
+# (add-apt-repository runs its own `apt update`) fails at once on the lists lock apt-daily holds
+# at first boot, and takes no lock timeout to pass on.
+apt_free() {
+  wait_for_apt && "$@"
+}
+
 # stage_start NAME [AT] / stage_end OK [NOTE]: one stage at a time, appended to $STAGES_FILE as
 # one JSON line each (a single write on an O_APPEND file: writers never interleave). A stage
 # still open when the script exits (set -e stopped it) is ended with "ok": false.
@@ -512,7 +519,7 @@ ensure_python() {
   fi
   apt_install software-properties-common
   if ! grep -rqs deadsnakes /etc/apt/sources.list.d/; then
-    retry 3 add-apt-repository -y ppa:deadsnakes/ppa
+    retry 3 apt_free add-apt-repository -y ppa:deadsnakes/ppa
   fi
   apt_install python3.11 python3.11-venv python3.11-dev
 }
