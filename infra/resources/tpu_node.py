@@ -16,6 +16,7 @@ Credentials (as pulumi-gcp does); Pulumi stores it with dill, by reference to th
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 from collections.abc import Mapping
 from typing import Any
@@ -68,6 +69,21 @@ class TpuNodeOutputs(TpuNodeInputs):
     network_endpoints: list[dict[str, Any]] = pydantic.Field(default_factory=list)
     queued_resource: str | None = None
     refusals: list[str] = pydantic.Field(default_factory=list)
+    # Every zone the node was ever given, in the order first given: `destroy` scans them all
+    # for its queued resources, a zone the list has dropped since included (an interrupted
+    # `up` may have left a queue waiting there).
+    zones_ever: list[str] = pydantic.Field(default_factory=list)
+
+
+def zones_ever(*lists: Any) -> list[str]:
+    """The zones of every list given (None or missing ones skipped), each once, first seen
+    first."""
+    merged: list[str] = []
+    for zones in lists:
+        for zone in zones or []:
+            if isinstance(zone, str) and zone not in merged:
+                merged.append(zone)
+    return merged
 
 
 # Inputs that say where and how the node is placed (not part of the node's spec).
@@ -105,6 +121,7 @@ def _outputs(inputs: TpuNodeInputs, placement: tpu_placement.Placement) -> dict[
         network_endpoints=list(node.get("network_endpoints") or []),
         queued_resource=placement.queued_resource,
         refusals=list(placement.refusals),
+        zones_ever=zones_ever(inputs.zones),
     ).props()
 
 
@@ -171,14 +188,17 @@ def forget_host_keys(props: Mapping[str, Any]) -> None:
 
 
 def remove_queues(api: tpu_placement.PlacementApi, props: Mapping[str, Any]) -> None:
-    """Deletes the node's queued resources in every zone it lists, the ones its state never
-    recorded included (tpu_placement.remove_stack_queues): Pulumi cannot cancel a dynamic
-    provider's create, so Ctrl-C while a queue waits leaves that queue behind, and `destroy`
-    must not leave what can still start a billed TPU. Old states (every number a float, unset
-    inputs None) read back as any other."""
+    """Deletes the node's queued resources in every zone it was ever given (zones_ever: a zone
+    dropped from the list since is scanned too), the ones its state never recorded included
+    (tpu_placement.remove_stack_queues): Pulumi cannot cancel a dynamic provider's create, so
+    Ctrl-C while a queue waits leaves that queue behind, and `destroy` must not leave what can
+    still start a billed TPU. Old states (every number a float, unset inputs None, no
+    zones_ever) read back as any other."""
     inputs = TpuNodeInputs.model_validate(props)
+    zones = zones_ever(props.get("zones_ever"), inputs.zones)
+    request = dataclasses.replace(inputs.request(), zones=tuple(zones))
     waits = tpu_placement.Waits(poll_s=QUEUE_POLL_S, delete_wait_s=QUEUE_DELETE_WAIT_S)
-    tpu_placement.remove_stack_queues(api, inputs.request(), _say(inputs.node_id), waits)
+    tpu_placement.remove_stack_queues(api, request, _say(inputs.node_id), waits)
 
 
 class TpuNodeProvider(pulumi.dynamic.ResourceProvider):
@@ -230,6 +250,10 @@ class TpuNodeProvider(pulumi.dynamic.ResourceProvider):
         tpu_placement.update(api, id_, node_spec(news), fields)
         outs = {k: v for k, v in news.items() if k != "__provider"}
         outs |= {k: olds.get(k) for k in OUTPUT_KEYS}
+        # The new list replaces the old one in the state; the zones it dropped stay known.
+        outs["zones_ever"] = zones_ever(
+            olds.get("zones_ever"), olds.get("zones"), news.get("zones")
+        )
         node = api.get_node(id_)
         if node is not None:
             outs["state"] = str(node.get("state") or "STATE_UNSPECIFIED")

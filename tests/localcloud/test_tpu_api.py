@@ -216,6 +216,51 @@ def test_the_tpu_node_provider_creates_reads_a_preemption_and_deletes_through_th
     assert provider.read(created.id, outs).id == ""
 
 
+def test_destroy_finds_a_queue_in_a_zone_the_stack_no_longer_lists(
+    tpu_cloud: local_tpu.TpuApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path
+) -> None:
+    """A zone dropped from the list between `up` and `destroy` is still scanned: the zones the
+    node was ever given come from its state."""
+    monkeypatch.setattr(tpu_node, "known_hosts_file", lambda: tmp_path / "known_hosts")
+    dropped, kept = "us-east5-a", ZONE
+    tpu_cloud.zone(dropped).capacity = False
+    props = {
+        "project": PROJECT,
+        "node_id": "gemma4-train",
+        "zones": [dropped, kept],
+        "queue": None,
+        **SPEC,
+        **dict.fromkeys(tpu_node.OUTPUT_KEYS),
+    }
+    provider = tpu_node.TpuNodeProvider()
+    created = provider.create(dict(props))
+    assert (created.outs or {})["zone"] == kept
+    # What an `up` interrupted while it waited in line there left: this node's queue, which
+    # the state never recorded.
+    api = tpu_api.GoogleTpuApi()
+    queued = tpu_placement.Request(
+        project=PROJECT,
+        node_id="gemma4-train",
+        zones=(dropped,),
+        node=SPEC,
+        queue=tpu_placement.Queue(spot=True, valid_for_s=600),
+    )
+    api.create_queued_resource(
+        queued.parent(dropped), "gemma4-train", tpu_placement.queued_body(queued, dropped)
+    )
+    # The next `up` lists only the zone the node is in, and its startup script changed: an
+    # update in place, no replacement.
+    news = dict(props) | {"zones": [kept], "metadata": {"startup-script": "#!/bin/bash\n# v2\n"}}
+    diff = provider.diff(created.id, created.outs or {}, news)
+    assert diff.changes and not diff.replaces
+    updated = provider.update(created.id, created.outs or {}, news)
+
+    provider.delete(created.id, dict(updated.outs or {}))
+
+    assert api.list_queued(queued.parent(dropped)) == []
+    assert api.get_node(created.id) is None
+
+
 # -- IAM from the program's own grants ---------------------------------------------------------
 
 
