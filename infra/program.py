@@ -181,7 +181,7 @@ def build(
         vm_opts,
         record=(training_bucket.name, run_config.train.output_dir),
     )
-    deployments = declare_deployments(cfg, run_config, vms)
+    deployments = declare_deployments(cfg, run_config, vms, training_bucket.name)
     resources = StackResources(
         config=cfg,
         run_config=run_config,
@@ -435,14 +435,18 @@ def declare_deployments(
     cfg: config_mod.StackConfig,
     run_config: runconfig.RunConfig,
     vms: dict[str, tpu_mod.TpuVm],
+    release_bucket: pulumi.Input[str] | None = None,
 ) -> dict[str, workloads_mod.WorkloadsDeployment]:
     """The workloads wheel + run config pushed over SSH to every worker of each VM, started as
-    systemd units."""
+    systemd units; the training VM's also to `release_bucket`, what a recreated node installs
+    at boot."""
     placed = {
         name: stack_deployments.PlacedVm(hosts=vm.external_ips, zone=vm.zone)
         for name, vm in vms.items()
     }
-    return stack_deployments.declare_for_stack(cfg, run_config, placed)
+    return stack_deployments.declare_for_stack(
+        cfg, run_config, placed, release_bucket=release_bucket
+    )
 
 
 def stack_outputs(res: StackResources) -> dict[str, Any]:

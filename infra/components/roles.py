@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from infra.components import boot_release
 from infra.components import service_account as sa_mod
 from infra.config import model as config_mod
 from infra.vm import startup, units
@@ -64,7 +65,11 @@ ROLES: tuple[VmRole, ...] = (
         node_name=lambda cfg: cfg.training_node_name,
         declared=lambda _cfg, released: not released,
         tags=lambda cfg: (cfg.ssh_tag,),
-        startup_script=lambda cfg, hf: startup.render_train(cfg, has_hf_secret=hf),
+        startup_script=lambda cfg, hf: startup.render_train(
+            cfg,
+            has_hf_secret=hf,
+            release=boot_release.startup_context(cfg, cfg.training_node_name),
+        ),
         self_service=_train_permissions,
         leaves_out=SERVE_ONLY_SECTIONS,
     ),

@@ -45,6 +45,7 @@ def declare_for_stack(
     *,
     known_hosts: str = ssh.DEFAULT_KNOWN_HOSTS,
     opts: pulumi.ResourceOptions | None = None,
+    release_bucket: pulumi.Input[str] | None = None,
 ) -> dict[str, WorkloadsDeployment]:
     """Declares one deployment per VM the stack has, in the order of roles.ROLES.
 
@@ -56,6 +57,8 @@ def declare_for_stack(
             released training node) is absent.
         known_hosts: the project-local known_hosts file (relative to the project directory).
         opts: extra resource options for all (e.g. depends_on the bucket grants).
+        release_bucket: the training bucket: the training VM's bundle is pushed there too, the
+            release a recreated node installs at boot (infra/components/boot_release.py).
 
     Returns:
         role -> component; export `ops_outputs(result)` as the `deployments` stack output.
@@ -85,6 +88,7 @@ def declare_for_stack(
             project=cfg.project,
             zone=vm.zone or row.section(cfg).zone,
             opts=opts,
+            **({"release_bucket": release_bucket} if row.name == "train" else {}),
         )
     return result
 

@@ -5,14 +5,18 @@ content hashes, so `pulumi preview` shows what would be redeployed and why."""
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 from collections.abc import Sequence
 from typing import Any
 
 import pulumi
+import pulumi_gcp as gcp
 
 from infra import remote
+from infra.components import boot_release
 from infra.resources import ssh_access, ssh_deployment
 from infra.resources.deployment_record import VmInfo
+from infra.vm import source_archive
 from infra.vm.units import Role, plan_units
 from infra.vm.workloads_wheel import Wheel, build_wheel
 from workloads.contract import runconfig
@@ -38,6 +42,8 @@ class WorkloadsDeploymentArgs:
             training VM's first boot installs the stack and stages ~62 GB of weights).
         install_deps: let pip add dependencies the startup script did not install.
         wheel: a prebuilt wheel; None = build this checkout (cached in .whl/).
+        release_bucket: push the bundle to this bucket too, as the release a new worker of the
+            VM installs at boot (infra/components/boot_release.py); None = only the deploy.
     """
 
     vm: str
@@ -52,6 +58,7 @@ class WorkloadsDeploymentArgs:
     ready_timeout_s: float = 3600.0
     install_deps: bool = True
     wheel: Wheel | None = None
+    release_bucket: pulumi.Input[str] | None = None
 
 
 class WorkloadsDeployment(pulumi.ComponentResource):
@@ -95,6 +102,8 @@ class WorkloadsDeployment(pulumi.ComponentResource):
             remote_root=args.remote_root,
             ready_timeout_s=args.ready_timeout_s,
         )
+        if args.release_bucket is not None:
+            self._declare_boot_release(name, args, inputs.local_bundle(), wheel)
         props = {**inputs.props(), "hosts": args.hosts}
         self.deployment = ssh_deployment.SshDeployment(
             f"{name}-workloads", props, pulumi.ResourceOptions(parent=self)
@@ -118,6 +127,22 @@ class WorkloadsDeployment(pulumi.ComponentResource):
             lambda hosts_zone: _ops_info(record, *hosts_zone)
         )
         self.register_outputs({"fingerprint": self.fingerprint, "ops_info": self.ops_info})
+
+    def _declare_boot_release(
+        self, name: str, args: WorkloadsDeploymentArgs, bundle: remote.Bundle, wheel: Wheel
+    ) -> None:
+        """The bundle as the release a new worker installs at boot, in the training bucket."""
+        archive = boot_release.write_archive(
+            bundle, pathlib.Path(wheel.path), source_archive.ROOT / ".recovery", args.vm
+        )
+        self.boot_release = gcp.storage.BucketObject(
+            f"{name}-boot-release",
+            bucket=args.release_bucket,
+            name=boot_release.object_name(args.vm),
+            source=pulumi.FileAsset(str(archive)),
+            content_type="application/gzip",
+            opts=pulumi.ResourceOptions(parent=self),
+        )
 
 
 def _ops_info(record: VmInfo, hosts: Sequence[str], zone: str | None) -> dict[str, Any]:

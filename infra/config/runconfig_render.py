@@ -48,6 +48,12 @@ def recovery_record_uri(cfg: config_mod.StackConfig, node: str) -> str:
     return gs(cfg.training_bucket_name, "recovery", f"{node}.json")
 
 
+def release_archive_uri(cfg: config_mod.StackConfig, node: str) -> str:
+    """The release `pulumi up` pushes for the node (infra/components/boot_release.py): what its
+    startup script installs at boot when nothing is deployed there yet (a recreated node)."""
+    return gs(cfg.training_bucket_name, "recovery", f"{node}-release.tar.gz")
+
+
 def boot_reports_uri(cfg: config_mod.StackConfig, node: str) -> str:
     """Where the node's workers report a failed boot (`<host>.failed`, one line each): recovery
     reads it there without SSH and replaces a node whose boot failed."""

@@ -215,6 +215,26 @@ def _common(
     }
 
 
+# _release.sh.j2 without a release: nothing is restored at boot (the deploy installs the job).
+NO_BOOT_RELEASE = dict.fromkeys(
+    (
+        "release_uri",
+        "release_build",
+        "release_verify",
+        "release_import_check",
+        "release_switch",
+        "base_python",
+        "releases_dir",
+        "release_current",
+        "config_link",
+        "active_config",
+        "unit_dir",
+        "deployed_file",
+    ),
+    "",
+)
+
+
 def train_context(cfg: config_mod.StackConfig, *, has_hf_secret: bool) -> dict[str, Any]:
     """Variables of templates/startup/train.sh.j2."""
     acc = catalog.accelerator(cfg.training.accelerator)
@@ -232,6 +252,7 @@ def train_context(cfg: config_mod.StackConfig, *, has_hf_secret: bool) -> dict[s
     common = _common(cfg, "train", requirements, train_no_deps())
     return {
         **common,
+        **NO_BOOT_RELEASE,
         "venv_archive_uri": runconfig_render.venv_archive_uri(cfg, common["requirements_digest"]),
         "hf_max_workers": HF_MAX_WORKERS,
         "env_lines": env,
@@ -271,11 +292,14 @@ def serve_context(cfg: config_mod.StackConfig) -> dict[str, Any]:
     }
 
 
-def render_train(cfg: config_mod.StackConfig, *, has_hf_secret: bool) -> str:
-    """The training VM's startup script."""
-    return templating.render(
-        "startup/train.sh.j2", **train_context(cfg, has_hf_secret=has_hf_secret)
-    )
+def render_train(
+    cfg: config_mod.StackConfig, *, has_hf_secret: bool, release: dict[str, Any] | None = None
+) -> str:
+    """The training VM's startup script. `release`: the variables of _release.sh.j2, what the
+    program passes (infra/components/boot_release.startup_context: the deploy's scripts live
+    below this layer); None restores nothing at boot."""
+    context = train_context(cfg, has_hf_secret=has_hf_secret) | (release or {})
+    return templating.render("startup/train.sh.j2", **context)
 
 
 def render_serve(cfg: config_mod.StackConfig) -> str:

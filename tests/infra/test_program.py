@@ -13,6 +13,7 @@ import json
 import pulumi
 import pytest
 
+from infra.components import boot_release
 from infra.components import bucket as bucket_mod
 from infra.components import service_account as sa_mod
 from infra.config import model as config
@@ -50,7 +51,9 @@ EXPECTED_COUNTS = {
         FIREWALL: 1,
         SERVICE: 5,
         DEPLOYMENT: 1,
-        RECORD: 1,  # the training node's create request, for recovery (infra/tpu/record.py)
+        # The training node's create request (infra/tpu/record.py) and the release it
+        # installs at boot (infra/components/boot_release.py), for recovery.
+        RECORD: 2,
     },
     "prod": {
         TPU: 2,
@@ -64,7 +67,7 @@ EXPECTED_COUNTS = {
         FIREWALL: 1,
         SERVICE: 5,
         DEPLOYMENT: 2,
-        RECORD: 2,
+        RECORD: 3,
     },
 }
 
@@ -143,7 +146,9 @@ def test_tpu_vms(run):
         assert cfg.ssh_tag in i["tags"]
         assert i["labels"]["app"] == "gemma4-tpu" and i["labels"]["stack"] == stack
     assert train.inputs["metadata"]["startup-script"] == startup.render_train(
-        cfg, has_hf_secret=True
+        cfg,
+        has_hf_secret=True,
+        release=boot_release.startup_context(cfg, cfg.training_node_name),
     )
     if stack == "prod":
         serve = rec.one(TPU, "serve-node")

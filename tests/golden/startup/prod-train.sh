@@ -739,6 +739,158 @@ instance_zone() {
   zone=$(metadata zone) || return 1
   printf '%s\n' "${zone##*/}"
 }
+# The release the last `pulumi up` pushed to the bucket (infra/components/boot_release.py): a
+# worker with nothing deployed yet (a node that recovery recreated) installs it at boot with the
+# deploy's own scripts (infra/remote/release.py), so it trains without anyone deploying to it.
+readonly RELEASE_URI=gs://your-gcp-project-gemma4-prod-us-central1/recovery/gemma4-prod-train-release.tar.gz
+# shellcheck disable=SC2016 # a script for sh -c: it expands there
+readonly RELEASE_BUILD='set -eu
+base_python=$1 release=$2 wheel=$3 deps=$4 current=$5
+active=$(readlink "$current" 2>/dev/null || true)
+# An active release without its marker (deleted, or unmarked because its package no longer
+# imports) runs nothing that works: rebuilding it is the repair.
+if [ "${active##*/}" = "${release##*/}" ] && [ -e "$release/COMPLETE" ]; then
+    echo "$release is the active release: not rebuilding it" >&2
+    exit 1
+fi
+rm -rf -- "$release"
+mkdir -m 0755 -- "$release"
+"$base_python" -m venv --without-pip "$release/venv"
+purelib='"'"'import sysconfig; print(sysconfig.get_paths()["purelib"])'"'"'
+base_site=$("$base_python" -c "$purelib")
+site=$("$release/venv/bin/python" -c "$purelib")
+"$base_python" -c '"'"'import sys; print("import site; site.addsitedir(%r)" % sys.argv[1])'"'"' \
+    "$base_site" >"$site/_gemma4_base_venv.pth"
+install -m 0644 "$wheel" "$release/"
+pip_install() {
+    "$release/venv/bin/python" -m pip install --disable-pip-version-check --no-input "$@"
+}
+# --ignore-installed: a same-version gemma4-tpu in the base venv must not count as installed.
+pip_install --no-deps --ignore-installed "$release/${wheel##*/}"
+if [ "$deps" = 1 ]; then pip_install "$release/${wheel##*/}"; fi
+'
+# shellcheck disable=SC2016 # a script for sh -c: it expands there
+readonly RELEASE_VERIFY='set -eu
+release=$1 fingerprint=$2 check=$3
+shift 3
+for unit in "$@"; do
+    if [ ! -s "$release/units/$unit" ]; then echo "$release/units/$unit is missing" >&2; exit 1; fi
+done
+if ! "$release/venv/bin/python" -c "$check" "$release/run.yaml"; then
+    rm -f -- "$release/COMPLETE"
+    exit 1
+fi
+# The marker is only worth something once the files it vouches for are on disk.
+sync -f "$release/run.yaml"
+printf '"'"'%s\n'"'"' "$fingerprint" >"$release/COMPLETE.part"
+mv -f -- "$release/COMPLETE.part" "$release/COMPLETE"
+'
+# shellcheck disable=SC2016 # a script for sh -c: it expands there
+readonly RELEASE_IMPORT_CHECK='import base64, hashlib, os, sys
+from importlib import metadata
+import workloads, workloads.cli, workloads.contract.runconfig
+home = os.path.realpath(sys.prefix) + os.sep
+where = os.path.realpath(workloads.__file__)
+if not where.startswith(home):
+    sys.exit(f"workloads was imported from {where}, not from the release venv {home}")
+site = os.path.dirname(os.path.dirname(where))
+dists = list(metadata.distributions(name="gemma4-tpu", path=[site]))
+if len(dists) != 1 or dists[0].files is None:
+    sys.exit(f"{site} holds {len(dists)} gemma4-tpu distributions with a RECORD, not one")
+for file in dists[0].files:
+    if file.hash is None or file.suffix == ".pyc":
+        continue
+    try:
+        data = file.locate().read_bytes()
+    except OSError:
+        sys.exit(f"{file} is missing")
+    digest = base64.urlsafe_b64encode(hashlib.new(file.hash.mode, data).digest()).rstrip(b"=")
+    if digest.decode() != file.hash.value:
+        sys.exit(f"{file} differs from what was installed")
+workloads.contract.runconfig.load(sys.argv[1])
+'
+# shellcheck disable=SC2016 # a script for sh -c: it expands there
+readonly RELEASE_SWITCH='set -eu
+release=$1 target=$2 current=$3 config_link=$4 active_config=$5
+if [ ! -e "$release/COMPLETE" ]; then echo "$release is not complete" >&2; exit 1; fi
+ln -sfn -- "$target" "$current.part"
+mv -Tf -- "$current.part" "$current"
+ln -sfn -- "$active_config" "$config_link.part"
+mv -Tf -- "$config_link.part" "$config_link"
+'
+readonly BASE_PYTHON=/opt/gemma4/venv/bin/python
+readonly RELEASES_DIR=/opt/gemma4/releases
+readonly RELEASE_CURRENT=/opt/gemma4/current
+readonly CONFIG_LINK=/etc/gemma4/run.yaml
+readonly ACTIVE_CONFIG=/opt/gemma4/current/run.yaml
+readonly UNIT_DIR=/etc/systemd/system
+readonly DEPLOYED_FILE=/var/lib/gemma4/deployed.json
+
+RELEASE_START=""
+
+# release_field DIR KEY: one field of DIR/release.json (lists space-separated, booleans 1/0).
+release_field() {
+  "$BASE_PYTHON" -c 'import json, sys
+v = json.load(open(sys.argv[1]))[sys.argv[2]]
+print(" ".join(v) if isinstance(v, list) else int(v) if isinstance(v, bool) else v)' \
+    "$1/release.json" "$2"
+}
+
+# Stage `release`: build, verify and switch to the bucket's release, install and enable its
+# units and record deployed.json as a deploy does (the next `pulumi up` then finds the worker up
+# to date and deploys nothing). A worker that has a deploy already is left to the deploy: only
+# the deploy stops running units before it switches.
+restore_release() {
+  local tmp dir release target fingerprint unit units
+  if [ -e "$DEPLOYED_FILE" ]; then
+    STAGE_NOTE="deployed already"
+    return 0
+  fi
+  if [ -z "$RELEASE_URI" ] || ! gcs_exists "$RELEASE_URI"; then
+    STAGE_NOTE="none in the bucket: the deploy installs the job"
+    return 0
+  fi
+  tmp=$(mktemp -d "$TMPDIR/gemma4-release.XXXXXX")
+  dir="$tmp/release"
+  mkdir -p "$dir"
+  retry 3 gcloud storage cp --quiet "$RELEASE_URI" "$tmp/release.tar.gz"
+  tar -xzf "$tmp/release.tar.gz" -C "$dir"
+  release=$(release_field "$dir" release)
+  fingerprint=$(release_field "$dir" fingerprint)
+  units=$(release_field "$dir" units)
+  target="$RELEASES_DIR/$release"
+  mkdir -p "$RELEASES_DIR" "$UNIT_DIR" "$(dirname "$CONFIG_LINK")" "$(dirname "$DEPLOYED_FILE")"
+  sh -c "$RELEASE_BUILD" sh "$BASE_PYTHON" "$target" "$dir/$(release_field "$dir" wheel)" \
+    "$(release_field "$dir" install_deps)" "$RELEASE_CURRENT"
+  install -m 0600 "$dir/run.yaml" "$target/run.yaml"
+  install -d -m 0755 "$target/units"
+  for unit in $units; do install -m 0644 "$dir/units/$unit" "$target/units/$unit"; done
+  # shellcheck disable=SC2086 # the unit names are words
+  sh -c "$RELEASE_VERIFY" sh "$target" "$fingerprint" "$RELEASE_IMPORT_CHECK" $units
+  sh -c "$RELEASE_SWITCH" sh "$target" "releases/$release" "$RELEASE_CURRENT" "$CONFIG_LINK" \
+    "$ACTIVE_CONFIG"
+  for unit in $units; do install -m 0644 "$target/units/$unit" "$UNIT_DIR/$unit"; done
+  systemctl daemon-reload
+  # shellcheck disable=SC2046 # the unit names are words
+  [ -z "$(release_field "$dir" enable)" ] || systemctl enable $(release_field "$dir" enable)
+  "$BASE_PYTHON" -c 'import json, sys, time
+m = json.load(open(sys.argv[1]))
+m.pop("install_deps", None)
+m.update(previous=None, deployed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+print(json.dumps(m, sort_keys=True))' "$dir/release.json" >"$DEPLOYED_FILE.part"
+  mv -f "$DEPLOYED_FILE.part" "$DEPLOYED_FILE"
+  RELEASE_START=$(release_field "$dir" start)
+  rm -rf "$tmp"
+  STAGE_NOTE="release $release from $RELEASE_URI"
+}
+
+# After ready: the restored release's units start (the trainer resumes from its checkpoint).
+start_release() {
+  [ -n "$RELEASE_START" ] || return 0
+  # shellcheck disable=SC2086 # the unit names are words
+  systemctl start --no-block $RELEASE_START
+  log "started $RELEASE_START (the release restored from the bucket)"
+}
 
 readonly HOSTS=1
 readonly STATE_DIR=/var/lib/gemma4
@@ -937,12 +1089,14 @@ boot() {
     return 1
   fi
   write_env "GEMMA4_WORKER=$worker" "GEMMA4_WORKER_ENDPOINTS=$endpoints" "GEMMA4_ZONE=$zone"
+  stage release restore_release
   if ! wait_for_model_files "$weights_job"; then
     wait "$weights_job" || true
     log "ERROR: the weights stage failed (above); not ready"
     return 1
   fi
   finish
+  start_release
   if ! wait "$weights_job"; then
     log "ERROR: the weights stage failed (above); the trainer stops with its reason"
     return 1

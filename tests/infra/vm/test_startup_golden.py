@@ -14,6 +14,7 @@ import subprocess
 import jinja2
 import pytest
 
+from infra.components import roles
 from infra.config import stack_config
 from infra.vm import startup, templating
 from tests.fixtures import pulumi_mocks
@@ -25,7 +26,8 @@ def _scripts() -> dict[str, str]:
     scripts = {}
     for stack in ("dev", "prod"):
         cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config(stack))
-        scripts[f"{stack}-train.sh"] = startup.render_train(cfg, has_hf_secret=True)
+        # As the program renders it: with the release it restores at boot.
+        scripts[f"{stack}-train.sh"] = roles.role("train").startup_script(cfg, True)
         if cfg.serving.enabled:
             scripts[f"{stack}-serve.sh"] = startup.render_serve(cfg)
     return scripts
