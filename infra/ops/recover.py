@@ -73,7 +73,7 @@ FINISHED, HEALTHY, WAITING, RECREATED, GAVE_UP = (
 
 
 @dataclasses.dataclass(frozen=True)
-class Limits:
+class RecoveryLimits:
     """How far recovery goes: preemptions recovered, new nodes per failed boot, and the
     deadline from a node's creation to its first training progress."""
 
@@ -263,7 +263,7 @@ def recover_pass(
     out: TextIO,
     *,
     journal: Journal | None = None,
-    limits: Limits = Limits(),
+    limits: RecoveryLimits = RecoveryLimits(),
     confirm: Confirm = lambda _q: True,
     probes: Probes = Probes(),
     clock: Callable[[], float] = time.time,
@@ -364,7 +364,7 @@ def _replace_failed(
     why: str,
     state: dict[str, Any],
     journal: Journal,
-    limits: Limits,
+    limits: RecoveryLimits,
     say: Callable[[str], None],
     waits: tuple[Callable[[], float], float, Callable[[float], None]],
 ) -> Pass:
@@ -455,7 +455,7 @@ def watch(
     out: TextIO,
     *,
     journal: Journal | None = None,
-    limits: Limits = Limits(),
+    limits: RecoveryLimits = RecoveryLimits(),
     interval_s: float = DEFAULT_INTERVAL_S,
     confirm: Confirm = lambda _q: True,
     probes: Probes = Probes(),
@@ -649,7 +649,7 @@ def run(
     if target.role != args.vm:
         raise OpsError(f"{uri}: records the {target.role} VM, not --vm {args.vm}")
     api = tpu_api.GoogleTpuApi(tpu_api.client(tpu_client_factory))
-    limits = Limits(args.max_recoveries, args.max_attempts, args.boot_deadline)
+    limits = RecoveryLimits(args.max_recoveries, args.max_attempts, args.boot_deadline)
     journal = Journal(args.journal)
     confirm = confirmer(args.yes, stdin, out)
     if args.watch:

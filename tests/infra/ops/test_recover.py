@@ -193,7 +193,7 @@ def test_a_node_whose_boot_fails_is_retried_then_deleted_and_reported_in_one_lin
     tpu_cloud.hooks = FailingBoot(pathlib.Path(target.boot_reports))
     tpu_cloud.preempt(_name())
     journal = recover.Journal(str(tmp_path / "journal.json"))
-    limits = recover.Limits(max_attempts=2)
+    limits = recover.RecoveryLimits(max_attempts=2)
 
     outcomes = []
     for _ in range(3):
@@ -216,7 +216,8 @@ def test_a_ready_node_that_never_trains_is_replaced_after_the_deadline(
 ) -> None:
     target = _target(tmp_path)
     _place(target)
-    limits = recover.Limits(boot_deadline_s=4.0)  # the client polls operations about 1 s apart
+    # 4 s: the client polls a create's operation about 1 s apart.
+    limits = recover.RecoveryLimits(boot_deadline_s=4.0)
     result, lines = _pass(target, limits=limits)
     assert result.outcome == recover.WAITING and "no training step yet" in result.line, lines
     first_id = tpu_cloud.nodes[_name()]["id"]
