@@ -72,6 +72,10 @@ FINISHED, HEALTHY, WAITING, RECREATED, GAVE_UP = (
 )
 
 
+class LimitReached(OpsError):
+    """More recoveries than allowed, or a recovery nobody confirmed: waiting will not help."""
+
+
 @dataclasses.dataclass(frozen=True)
 class RecoveryLimits:
     """How far recovery goes: preemptions recovered, new nodes per failed boot, and the
@@ -338,13 +342,13 @@ def recover_pass(
         say(line)
         return Pass(GAVE_UP, line)
     if state["recoveries"] >= limits.max_recoveries:
-        raise OpsError(
+        raise LimitReached(
             f"{label} is lost again after {state['recoveries']} recoveries "
             f"(--max-recoveries {limits.max_recoveries}): run `python -m infra.ops recover` or "
             "raise the limit"
         )
     if not confirm(f"recreate the lost {label} through the Cloud TPU API"):
-        raise OpsError(f"not confirmed: the {label} stays lost")
+        raise LimitReached(f"not confirmed: the {label} stays lost")
     say(
         f"{label}: PREEMPTED, TERMINATED or gone; recreating it "
         f"(recovery {state['recoveries'] + 1}/{limits.max_recoveries})"
@@ -502,9 +506,9 @@ def watch(
                 sleep=sleep,
                 poll_s=min(60.0, interval_s),
             )
+        except LimitReached:
+            raise
         except OpsError as exc:
-            if "recoveries" in str(exc) or "not confirmed" in str(exc):
-                raise
             failures = _failed(failures, str(exc), out, exc)
         except placement.PlacementError as exc:
             failures = _failed(failures, str(exc), out, exc)
@@ -525,6 +529,38 @@ def _failed(failures: int, text: str, out: TextIO, exc: BaseException) -> int:
         raise OpsError(f"{failures} checks in a row failed; last: {text}") from exc
     print(f"{_stamp()} recover: check failed ({failures}/{MAX_FAILED_CHECKS}): {text}", file=out)
     return failures
+
+
+def controller(
+    request_uri: str,
+    *,
+    api: placement.PlacementApi | None = None,
+    journal_path: str | None = None,
+    out: TextIO | None = None,
+    interval_s: float = DEFAULT_INTERVAL_S,
+    limits: RecoveryLimits = RecoveryLimits(),
+    passes: int | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """What the recovery controller's service runs (`infra.ops recover --watch --request URI
+    --journal PATH --yes`), as one call: watches the node recorded at `request_uri` (gs:// or a
+    local path) through `api` (default: the Cloud TPU API at CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU,
+    else Google's), keeping its counts in `journal_path`. 0 once the run finished.
+
+    Raises:
+        OpsError: the record cannot be read, or the watch gave up (MAX_FAILED_CHECKS, limits).
+    """
+    record_mod.load(request_uri)  # a bad URI is one line now, not five failed checks later
+    return watch(
+        api or tpu_api.GoogleTpuApi(tpu_api.client(None)),
+        lambda: record_mod.load(request_uri),
+        out or sys.stdout,
+        journal=Journal(journal_path),
+        limits=limits,
+        interval_s=interval_s,
+        sleep=sleep,
+        passes=passes,
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -462,3 +462,67 @@ def test_a_recreation_in_another_zone_is_adopted_by_the_next_up(
     again = provider.create(dict(props))
     assert again.id == _name(ZONE_B) and _live(tpu_cloud) == [_name(ZONE_B)]
     assert provider.diff(again.id, dict(again.outs or {}), dict(props)).changes is False
+
+
+# -- the bucket as the controller reads it (gs:// on the GCS protocol server) -------------------
+
+
+def test_the_controller_reads_the_record_progress_and_boot_reports_from_gs(
+    tpu_cloud: local_tpu.TpuApiServer, gcs_bucket: str, tmp_path: pathlib.Path
+) -> None:
+    from workloads.common import storage
+
+    data = record_mod.to_record(
+        _props(),
+        role="train",
+        run_dir=f"{gcs_bucket}/checkpoints/run",
+        boot_reports=f"{gcs_bucket}/recovery/{NODE_ID}-boot",
+        node_keys=tpu_node.NODE_KEYS,
+    )
+    uri = f"{gcs_bucket}/recovery/{NODE_ID}.json"
+    storage.write_text_atomic(uri, record_mod.dumps(data))
+    target = record_mod.load(uri)
+    _place(target)
+    tpu_cloud.preempt(_name())
+    before = time.time() - 5
+    # A failure line from an earlier node is older than the new node: it does not count.
+    storage.write_text_atomic(f"{target.boot_reports}/old-host.failed", "stage venv failed\n")
+    time.sleep(1.1)
+
+    out = io.StringIO()
+    code = recover.controller(
+        uri,
+        journal_path=str(tmp_path / "journal.json"),
+        out=out,
+        interval_s=0.1,
+        passes=2,
+        limits=recover.RecoveryLimits(boot_deadline_s=600),
+    )
+    lines = out.getvalue().splitlines()
+    assert code == 0 and "created in us-central1-a" in out.getvalue(), lines
+    assert "READY, no training step yet" in lines[-1], lines
+    assert recover.boot_failure(target.boot_reports, before) == "stage venv failed"
+    created = recover._created(tpu_cloud.nodes[_name()], 0.0)
+    assert recover.boot_failure(target.boot_reports, created) is None
+    assert not recover.progressed(target.run_dir, created)
+    storage.write_text_atomic(f"{target.run_dir}/metrics.jsonl", '{"step": 1}\n')
+    assert recover.progressed(target.run_dir, created)
+    # The new node's own failure line counts.
+    storage.write_text_atomic(f"{target.boot_reports}/new-host.failed", "stage weights failed\n")
+    assert recover.boot_failure(target.boot_reports, created) == "stage weights failed"
+
+
+def test_more_recoveries_than_allowed_end_the_watch_in_one_line(
+    tpu_cloud: local_tpu.TpuApiServer, tmp_path: pathlib.Path
+) -> None:
+    target = _target(tmp_path)
+    _place(target)
+    tpu_cloud.preempt(_name())
+    with pytest.raises(recover.LimitReached, match=r"lost again after 0 recoveries"):
+        recover.watch(
+            tpu_api.GoogleTpuApi(),
+            lambda: target,
+            io.StringIO(),
+            limits=recover.RecoveryLimits(max_recoveries=0),
+            sleep=lambda _s: None,
+        )
