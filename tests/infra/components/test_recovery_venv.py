@@ -1,13 +1,15 @@
-"""The recovery controller's venv runs the whole program, and its wheel matches the laptop's.
+"""A venv like the recovery controller's runs the program from the source archive, and its wheel
+matches the laptop's.
 
 The controller (templates/startup/recover.sh.j2) unpacks the source archive and makes a venv
 with Debian 12's `python3 -m venv`: an old pip and setuptools (23.0.1, 66.1.1) and no `wheel`,
-which cannot build this project with setuptools (pyproject pins a newer setuptools exactly).
-This test builds a venv of the same kind offline (this Python's ensurepip: pip 23.2.1,
-setuptools 65.5.0, no wheel; the installed third-party packages are reached through a .pth file
-placed after the venv's own site-packages, so the old setuptools is the one that imports), runs
-the program under mocks from the unpacked archive in it, and compares the wheel it declares with
-the clone's.
+which cannot build this project with setuptools (pyproject pins a newer setuptools exactly). It
+now runs only `infra.ops recover` there (the `recover` extra), no longer the program; this test
+still shows that such a venv (this Python's ensurepip: pip 23.2.1, setuptools 65.5.0, no wheel;
+the installed third-party packages reached through a .pth file placed after the venv's own
+site-packages, so the old setuptools is the one that imports) runs the program under mocks from
+the unpacked archive and declares the clone's wheel: the archive is a whole, buildable copy of
+the program.
 """
 
 from __future__ import annotations
