@@ -9,7 +9,9 @@ from localcloud import rehearse
 if __name__ == "__main__":
     if sys.argv[1:2] != ["rehearse"]:
         print(
-            "usage: python -m localcloud rehearse [--stack STACK] [--workdir DIR]", file=sys.stderr
+            "usage: python -m localcloud rehearse [--stack STACK] [--workdir DIR] "
+            "[--weights-seconds S]",
+            file=sys.stderr,
         )
         sys.exit(2)
     sys.exit(rehearse.main(sys.argv[2:]))

@@ -59,6 +59,8 @@ class CloudVm:
         secrets: Secret Manager's secrets this VM may read (name -> value), for `gcloud secrets`.
         tpu_url: the local Cloud TPU API's URL (the VM's gcloud sends its TPU calls there), or
             None where the VM has none.
+        settings: more environment for every process of the VM (the rehearsal's own settings,
+            such as a short run-lock lease; named in its summary).
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class CloudVm:
         storage_url: str,
         secrets: dict[str, str] | None = None,
         tpu_url: str | None = None,
+        settings: dict[str, str] | None = None,
     ) -> None:
         self.machine = machine
         self.address = address
@@ -76,6 +79,7 @@ class CloudVm:
         self.storage_url = storage_url
         self.secrets = secrets or {}
         self.tpu_url = tpu_url
+        self.settings = settings or {}
 
     @property
     def name(self) -> str:
@@ -112,6 +116,7 @@ class CloudVm:
             # gcsfs's gRPC bucket probe waits 30 s per call against a server without it.
             "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
             **CPU_AS_TPU,
+            **self.settings,
         }
         if self.tpu_url:
             # gcloud's own endpoint override: the VM's TPU calls (release, stop) go to the local

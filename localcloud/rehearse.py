@@ -35,9 +35,19 @@ from typing import Any
 import yaml
 
 from infra.errors import InfraError
-from localcloud import cloud_vm, control_plane, metadata_server, rootfs, stack_plan, stages
+from infra.vm import layout
+from localcloud import (
+    cloud_vm,
+    control_plane,
+    metadata_server,
+    rootfs,
+    stack_plan,
+    stages,
+    throttle,
+)
 from localcloud.errors import CannotBoot, MachineError
 from localcloud.machine import Machine
+from workloads.train import runlock
 
 # GCE's Debian 12 image as the boot path sees it, with sshd and sudo (a VM has both), and
 # libnuma1 for the docker stand-in's CPU build of vLLM (the TPU image carries its own).
@@ -45,6 +55,16 @@ VM_PACKAGES = (*rootfs.STOCK_GCE, "openssh-server", "sudo", "libnuma1")
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ENGINE_VENV = REPO / ".venv-serve"  # `bash .ci/setup` makes it
 METADATA_PREFIX = "127.0.1."
+# The run lock's lease on the rehearsal's VMs (GEMMA4_LOCK_LEASE_S; 120 s on a real VM): the new
+# VM still watches the preempted one's lock go unrenewed for a whole lease before it takes the
+# run over, so the takeover runs as on GCP, in a sixth of the wait.
+LEASE_S = 20
+# How long the first VM's base model weights take to stage from the bucket by default (their
+# reads are slowed to that: localcloud/throttle.py), so that the boot's stage records show the
+# trainer's data and compile finishing while the weights still arrive, as on a VM staging ~62 GB.
+# Long enough for python, the venv, the deploy, the data and a compile on 2 busy cores; the new VM
+# after the preemption stages at full speed (nothing more to show, and CI's time is counted).
+WEIGHTS_S = 150.0
 # What a rehearsal owns in its workdir, removed when the next one starts.
 OWNED = ("gcs", "vms", "logs", "ssh", "tiny-model", "data.jsonl")
 
@@ -75,6 +95,8 @@ class Rehearsal:
         self.addresses = 0
         self.ran: list[str] = []
         self.control: control_plane.ControlPlane | None = None
+        self.weights_s = 0.0  # > 0: the model's weights are read that slowly (SlowReads)
+        self.slow_reads: throttle.SlowReads | None = None
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -163,7 +185,14 @@ class Rehearsal:
         self.servers.append(server)
         machine = Machine(tree, self.workdir / "vms" / f"{plan.node_id}-{n}", f"{plan.node_id}-{n}")
         tpu_url = self.control.api.url if self.control is not None else None
-        vm = cloud_vm.CloudVm(machine, address, server, self.storage.url, tpu_url=tpu_url)
+        vm = cloud_vm.CloudVm(
+            machine,
+            address,
+            server,
+            self.slow_reads.url if self.slow_reads is not None else self.storage.url,
+            tpu_url=tpu_url,
+            settings={runlock.LEASE_ENV: str(LEASE_S)},
+        )
         self.vms.append(vm)
         return vm
 
@@ -204,7 +233,21 @@ class Rehearsal:
             shutil.copy(vm.machine.console, out / "console.log")
         return out
 
+    def slow_down_weights(self, model_uri: str, size: int) -> str:
+        """Reads of `model_uri`'s safetensors (`size` bytes in all) from here on take
+        `weights_s`: the VMs reach the storage through SlowReads. Returns a note."""
+        rate = size / self.weights_s
+        pattern = re.compile(re.escape(model_uri.rstrip("/")) + r"/[^/]+\.safetensors$")
+        self.slow_reads = throttle.SlowReads(str(self.storage.url), pattern, rate)
+        return (
+            f"weights read at {rate / 1024:.0f} KiB/s ({size / 2**20:.1f} MiB in "
+            f"{self.weights_s:.0f} s, as a large model stages)"
+        )
+
     def close(self) -> None:
+        if self.slow_reads is not None:
+            self.slow_reads.stop()
+            self.slow_reads = None
         if self.control is not None:
             self.control.close()
             self.control = None
@@ -323,7 +366,12 @@ def _journal_tail(vm: cloud_vm.CloudVm, unit: str, lines: int = 15) -> str:
     return ""
 
 
-def run(stack: str, workdir: pathlib.Path, say: Callable[[str], None] = print) -> int:
+def run(
+    stack: str,
+    workdir: pathlib.Path,
+    say: Callable[[str], None] = print,
+    weights_s: float = WEIGHTS_S,
+) -> int:
     """The rehearsal; returns the exit status (0: every stage passed, 1: one failed, 2: this
     machine cannot boot containers)."""
     try:
@@ -336,6 +384,7 @@ def run(stack: str, workdir: pathlib.Path, say: Callable[[str], None] = print) -
         # A rehearsal starts from an empty cloud: no bucket objects, VMs or host keys of the last.
         shutil.rmtree(workdir / owned, ignore_errors=True)
     rehearsal = Rehearsal(stack, workdir, say)
+    rehearsal.weights_s = weights_s
     # Ctrl-C or a SIGTERM (CI's timeout) still tears the VMs down and keeps their logs.
     signal.signal(signal.SIGTERM, _interrupted)
     try:
@@ -402,6 +451,9 @@ def prepare_training(
         for path in sorted(local_model.iterdir()):
             r.put(f"{model_uri}/{path.name}", path.read_bytes())
         r.put(marker_uri, b"gemma4-tpu/gemma-4-tiny-random\n")
+        if r.weights_s > 0:
+            size = sum(p.stat().st_size for p in local_model.glob("*.safetensors"))
+            note.append(r.slow_down_weights(model_uri, size))
         run_config = yaml.safe_load(train.deployment["run_config_yaml"])
         dataset_uri = run_config["data"]["dataset"]
         local_data = r.workdir / "data.jsonl"
@@ -450,6 +502,9 @@ def _life_of_a_run(r: Rehearsal) -> None:
 
         _wait("an intact checkpoint in the bucket", intact, 900, vm)
         note.append(f"step {saved[-1]} saved intact to {run_dir}/checkpoints")
+        if r.slow_reads is not None:
+            note.append(_overlap(vm))
+            r.slow_reads.bytes_per_s = 0.0  # full speed from here on
     with r.stage("preempt") as note:
         control.api.preempt(placed.id)
         note.append(
@@ -518,6 +573,41 @@ def _life_of_a_run(r: Rehearsal) -> None:
     r.ran.append(
         f"the control plane: {answered} Cloud TPU API calls, each checked against the program's "
         f"IAM ({refused} answered with an error, as placement and reads expect)"
+    )
+
+
+def _overlap(vm: cloud_vm.CloudVm) -> str:
+    """What the VM's stage records say of the weights' arrival: the trainer's data and its
+    step's compile must have ended before the startup script's weights stage did (the trainer
+    starts at ready, not after the download).
+
+    Raises:
+        RehearsalError: they did not, or the records lack a stage.
+    """
+    from workloads.common import stage_records
+
+    path = vm.machine.root / layout.RemoteLayout().stages_file.lstrip("/")
+    records = stage_records.read_records(str(path))
+    boot = stage_records.latest_boot(records)
+    ends = {
+        (r["source"], r["stage"]): float(r["at"])
+        for r in records
+        if r.get("event") == "end" and r.get("boot") == boot and r.get("ok")
+    }
+    needed = (("startup", "weights"), ("trainer", "data"), ("trainer", "compile_ahead"))
+    missing = [f"{source} {stage}" for source, stage in needed if (source, stage) not in ends]
+    if missing:
+        raise RehearsalError(f"{vm.name}: no end of {', '.join(missing)} in {path}")
+    weights = ends[("startup", "weights")]
+    late = [stage for source, stage in needed[1:] if ends[(source, stage)] >= weights]
+    if late:
+        raise RehearsalError(
+            f"{vm.name}: the trainer's {' and '.join(late)} ended after the weights were staged: "
+            f"it did not start while they arrived ({path})"
+        )
+    return (
+        f"the trainer's data ended {weights - ends[('trainer', 'data')]:.0f} s and its step's "
+        f"compile {weights - ends[('trainer', 'compile_ahead')]:.0f} s before the weights did"
     )
 
 
@@ -646,6 +736,10 @@ def _summary(r: Rehearsal) -> None:
     r.say(f"rehearse: {len(r.stages)} stages passed in {total:.0f} s")
     for line in r.ran:
         r.say(f"  {line}")
+    r.say(
+        f"  settings of the rehearsal's own: the run lock's lease {LEASE_S} s "
+        f"({runlock.LEASE_ENV}; 120 s on a real VM)"
+    )
     r.say("  stand-ins:")
     for line in cloud_vm.STAND_INS:
         r.say(f"    {line}")
@@ -653,6 +747,13 @@ def _summary(r: Rehearsal) -> None:
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stack", default="dev", help="the stack whose VMs to rehearse")
+    parser.add_argument(
+        "--weights-seconds",
+        type=float,
+        default=WEIGHTS_S,
+        help="how long the base model's weights take to stage from the bucket (their reads "
+        "slowed to that, as a large model's are); 0: full speed",
+    )
     parser.add_argument(
         "--workdir",
         default="runs/rehearse",
@@ -665,7 +766,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m localcloud rehearse", description=__doc__)
     configure_parser(parser)
     args = parser.parse_args(argv)
-    return run(args.stack, args.workdir.resolve(), say=lambda line: print(line, flush=True))
+    if args.weights_seconds < 0:
+        parser.error(f"--weights-seconds {args.weights_seconds:g}: must be 0 (off) or more")
+    workdir = args.workdir.resolve()
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file there, or no permission: one line, not a traceback
+        parser.error(f"--workdir {args.workdir}: cannot be a directory ({exc.strerror})")
+    return run(
+        args.stack,
+        workdir,
+        say=lambda line: print(line, flush=True),
+        weights_s=args.weights_seconds,
+    )
 
 
 if __name__ == "__main__":
