@@ -16,6 +16,7 @@ from infra import remote
 from infra.components import boot_release
 from infra.resources import ssh_access, ssh_deployment
 from infra.resources.deployment_record import VmInfo
+from infra.tpu import api as tpu_api
 from infra.vm import source_archive
 from infra.vm.units import Role, plan_units
 from infra.vm.workloads_wheel import Wheel, build_wheel
@@ -105,6 +106,13 @@ class WorkloadsDeployment(pulumi.ComponentResource):
         if args.release_bucket is not None:
             self._declare_boot_release(name, args, inputs.local_bundle(), wheel)
         props = {**inputs.props(), "hosts": args.hosts}
+        if args.project is not None and args.zone is not None:
+            # The deploy reads its node first: a node started again at other addresses than the
+            # state's stops it at once instead of after its whole ready timeout.
+            project, vm = args.project, args.vm
+            props["node"] = pulumi.Output.from_input(args.zone).apply(
+                lambda zone: tpu_api.node_path(project, zone, vm)
+            )
         self.deployment = ssh_deployment.SshDeployment(
             f"{name}-workloads", props, pulumi.ResourceOptions(parent=self)
         )

@@ -23,10 +23,13 @@ import pulumi.dynamic
 import pydantic
 
 from infra import remote
+from infra.errors import InfraError
 from infra.remote import ssh
 from infra.remote.ssh import SshSettings  # the field `ssh` below shadows the module in the class
 from infra.resources import dynamic_values, ssh_access
 from infra.resources.previous_types import renamed_from
+from infra.tpu import api as tpu_api
+from infra.tpu import placement as tpu_placement
 from workloads.common import logs
 
 # This runs in Pulumi's provider process: what it says reaches `pulumi up` through stderr
@@ -77,10 +80,13 @@ class DeploymentInputs(dynamic_values.ProviderState):
         use_sudo: prefix privileged commands with `sudo -n` (any user but root).
         remote_root: prefix of every remote path ("/" on real VMs).
         ready_timeout_s: how long to wait for SSH and the startup script's ready marker.
+        node: the TPU node's full name (projects/P/locations/Z/nodes/N), read through the
+            Cloud TPU API before a deploy waits on `hosts`; None: not read (older states).
     """
 
     vm: str
     hosts: list[str]
+    node: str | None = None
     ssh: ssh_access.SshAccess = pydantic.Field(json_schema_extra=dynamic_values.FLAT)
     bundle: remote.Bundle = pydantic.Field(json_schema_extra=dynamic_values.FLAT)
     use_sudo: bool = True
@@ -136,6 +142,57 @@ def _forget_hosts(inputs: DeploymentInputs, settings: SshSettings) -> None:
         return
     if removed:
         LOG.info("%s: forgot the host keys of %s", inputs.vm, ", ".join(sorted(set(removed))))
+
+
+def new_tpu_api() -> tpu_placement.PlacementApi:
+    """The Cloud TPU API the deploy reads its node through (tests replace this function)."""
+    return tpu_api.GoogleTpuApi(timeout_s=60.0)
+
+
+def check_node(inputs: DeploymentInputs) -> None:
+    """Reads the deployment's node before the deploy waits on its workers, and stops at once
+    with one line when they cannot be where the state says.
+
+    Why: the workers' addresses come from the node's state, which changes only at a refresh.
+    A node stopped (serving.stopAfterHours) and started again may have other external
+    addresses; a deploy to the old ones would wait its whole ready timeout (an hour) for a
+    machine that is not there. A read that fails (no credentials, the API down) is logged
+    and the deploy goes on as before: the check only spares a wait.
+
+    Raises:
+        InfraError: the node is gone, stopped, or has other worker addresses.
+    """
+    if not inputs.node:
+        return
+    short = inputs.node.rsplit("/", 1)[-1]
+    try:
+        node = new_tpu_api().get_node(inputs.node)
+    except Exception as exc:
+        LOG.warning(
+            "%s: cannot read TPU node %s (%s); deploying to %s",
+            inputs.vm,
+            short,
+            exc,
+            ", ".join(inputs.hosts),
+        )
+        return
+    refresh = "run `pulumi up --refresh` (or `pulumi refresh`, then `pulumi up`)"
+    if node is None:
+        raise InfraError(f"{inputs.vm}: TPU node {short} does not exist any more: {refresh}")
+    state = str(node.get("state") or "")
+    if state in ("STOPPED", "STOPPING"):
+        zone = inputs.node.split("/locations/", 1)[-1].split("/", 1)[0]
+        raise InfraError(
+            f"{inputs.vm}: TPU node {short} is {state}: start it (`gcloud compute tpus tpu-vm "
+            f"start {short} --zone {zone}`), then {refresh}"
+        )
+    now = tpu_placement.external_ips(node.get("network_endpoints"))
+    if state == "READY" and all(now) and now != list(inputs.hosts):
+        raise InfraError(
+            f"{inputs.vm}: TPU node {short} now has its workers at {', '.join(now)}, not at "
+            f"{', '.join(inputs.hosts)} as the state says (it was stopped and started again?): "
+            f"{refresh}"
+        )
 
 
 def units_sha256(units: Mapping[str, str]) -> str:
@@ -261,6 +318,7 @@ class SshDeploymentProvider(pulumi.dynamic.ResourceProvider):
         _forget_hosts(inputs, settings)
 
     def _deploy(self, inputs: DeploymentInputs) -> dict[str, Any]:
+        check_node(inputs)
         bundle = inputs.local_bundle()
         settings = inputs.settings()
         conns = inputs.connections(settings)

@@ -38,6 +38,14 @@ def test_program_declares_one_deployment_per_vm(stack: str) -> None:
         assert ips and dep.inputs["hosts"] == ips  # the VM's addresses, resolved
         node = cfg.training_node_name if role == "train" else cfg.serving_node_name
         assert dep.inputs["vm"] == node
+        # The deploy reads that node through the Cloud TPU API before it waits on its workers.
+        where = dep.inputs["node"].split("/")
+        assert (where[0], where[1], where[2], where[4:]) == (
+            "projects",
+            cfg.project,
+            "locations",
+            ["nodes", node],
+        )
         expected = stack_deployments.run_config_for(role, run_config)
         assert dep.inputs["run_config_yaml"] == expected.to_yaml()
         if role == "serve":

@@ -9,17 +9,22 @@ import pathlib
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 import dill
 import grpc
 import pulumi.dynamic.dynamic as pulumi_dynamic
 import pytest
+from google.cloud import tpu_v2
 from pulumi.runtime import proto, rpc
 
 from infra import remote
+from infra.errors import InfraError
 from infra.resources import ssh_access, ssh_deployment
+from infra.tpu import api as tpu_api
 from infra.vm import workloads_wheel
+from tests.fixtures import tpu_api as tpu_fixture
 from tests.fixtures.sshd import Worker
 from tests.infra.conftest import host, make_bundle, make_run_config, provider_props
 
@@ -282,3 +287,56 @@ def test_a_state_written_by_an_older_version_still_loads() -> None:
     loaded = ssh_deployment.DeploymentInputs.model_validate(sparse)
     assert (loaded.remote_root, loaded.ready_timeout_s) == ("/", 3600.0)
     assert (loaded.ssh.connect_timeout_s, loaded.bundle.install_deps) == (15.0, True)
+
+
+class _BootsAt:
+    """Local Cloud TPU API hooks: each boot of a node gets the next address of `addresses` (a
+    stopped node started again may come back at another external address)."""
+
+    def __init__(self, *addresses: str) -> None:
+        self.addresses = list(addresses)
+
+    def boot(self, node: dict[str, Any]) -> list[str]:
+        return [self.addresses.pop(0)]
+
+    def halt(self, node: dict[str, Any], why: str) -> None:
+        pass
+
+
+@pytest.mark.sshd
+def test_a_deploy_to_a_node_started_at_another_address_stops_at_once_saying_refresh(
+    worker: Worker, wheel: workloads_wheel.Wheel, tpu_cloud: Any
+) -> None:
+    """serving.stopAfterHours stops the node; started again, it may have another address, which
+    the state learns only at a refresh. The deploy reads the node first, instead of waiting its
+    whole ready timeout on the old address."""
+    tpu_cloud.hooks = _BootsAt(worker.host, "127.0.0.2")
+    parent = f"projects/{tpu_fixture.PROJECT}/locations/us-central1-a"
+    client = tpu_api.tpu_client()
+    spec = tpu_v2.Node(accelerator_type="v5litepod-4", runtime_version="v2-alpha-tpuv5-lite")
+    node = client.create_node(parent=parent, node_id="gemma4-serve", node=spec).result(30)
+    provider = ssh_deployment.SshDeploymentProvider()
+    provider.ready_initial_delay_s = 0.1
+    props = provider_props(str(worker.root), wheel, worker.access, [worker.host])
+    props |= {"node": node.name, "ready_timeout_s": 20.0}
+    # At the address the node has: deployed.
+    outs = provider.create(dict(props)).outs or {}
+    assert outs["node"] == node.name
+
+    client.stop_node(request={"name": node.name}).result(30)
+    client.start_node(request={"name": node.name}).result(30)
+    worker.stop()  # nothing answers at the old address any more
+    news = dict(props) | {"run_config_yaml": make_run_config(run_name="again").to_yaml()}
+    started = time.monotonic()
+    with pytest.raises(InfraError) as caught:
+        provider.update("gemma4-train-workloads", outs, news)
+    assert time.monotonic() - started < 10
+    assert str(caught.value) == (
+        f"gemma4-train: TPU node gemma4-serve now has its workers at 127.0.0.2, not at "
+        f"{worker.host} as the state says (it was stopped and started again?): run "
+        "`pulumi up --refresh` (or `pulumi refresh`, then `pulumi up`)"
+    )
+
+    client.stop_node(request={"name": node.name}).result(30)
+    with pytest.raises(InfraError, match="is STOPPED: start it"):
+        provider.update("gemma4-train-workloads", outs, news)
