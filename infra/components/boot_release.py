@@ -18,6 +18,7 @@ stays in Secret Manager), as the metadata's startup script is.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import pathlib
@@ -73,17 +74,30 @@ def archive_bytes(bundle: Bundle, wheel: pathlib.Path) -> bytes:
     return gzip.compress(raw.getvalue(), mtime=0)
 
 
+# Archives of one node kept in the local directory: the one this run uploads and a few before it
+# (a run under way elsewhere may still name one); older ones only fill the disk.
+KEEP_ARCHIVES = 4
+
+
 def write_archive(
     bundle: Bundle, wheel: pathlib.Path, out_dir: pathlib.Path, node: str
 ) -> pathlib.Path:
     """The archive as a file named by its content (what the BucketObject's FileAsset reads)."""
     data = archive_bytes(bundle, wheel)
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"release-{node}-{sha256_text(data.hex())[:16]}.tar.gz"
+    path = out_dir / f"release-{node}-{hashlib.sha256(data).hexdigest()[:16]}.tar.gz"
     if not path.exists():
-        tmp = path.with_suffix(".part")
+        tmp = path.with_name(path.name + ".part")
         tmp.write_bytes(data)
         tmp.replace(path)
+    path.touch()
+    older = sorted(
+        (p for p in out_dir.glob(f"release-{node}-*.tar.gz") if p != path),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    for stale in older[KEEP_ARCHIVES - 1 :]:
+        stale.unlink(missing_ok=True)
     return path
 
 
