@@ -258,8 +258,9 @@ def test_a_design_that_deposits_into_its_own_inputs_is_refused(loaded, tmp_path)
     assert verdict.reason == "refused before compiling: uses $deposit (after preprocessing)"
 
 
-def test_a_design_that_only_reads_its_inputs_passes(loaded, tmp_path):
-    code = vs.MAJORITY_READS_ITS_INPUTS
+@pytest.mark.parametrize("name", ["MAJORITY_READS_ITS_INPUTS", "MAJORITY_THROUGH_AN_INOUT"])
+def test_a_design_that_only_reads_its_inputs_passes(loaded, tmp_path, name):
+    code = getattr(vs, name)
     verdict = judge.judge_sample(code, loaded["majority3"], expected_samples=57, limits=FAST)
     assert (verdict.passed, verdict.status) == (True, "."), verdict.reason
 

@@ -116,6 +116,21 @@ DRIVES_ITS_INPUTS = {
     + _STUCK_HEADER
     + "  Hold h ();\nendmodule\n",
 }
+# Correct logic that reads two inputs through a submodule's inout port, joined by a
+# concatenation: iverilog links them with bidirectional part selects (tran(VP), as a tran
+# primitive) that nothing drives. Read, not driven: it passes.
+MAJORITY_THROUGH_AN_INOUT = (
+    "module maj2 (inout [1:0] p, input q, output r);\n"
+    + "  assign r = (p[0] & p[1]) | (p[0] & q) | (p[1] & q);\nendmodule\n"
+    + _HEADER
+    + "  maj2 u (.p({a, b}), .q(c), .r(y));\nendmodule\n"
+)
+# The same island with a driver in it: the submodule drives its inout port, so the inputs.
+DRIVES_ITS_INPUTS["drives_them_through_an_inout"] = (
+    "module hold2 (inout [1:0] p);\n  assign p = 2'b00;\nendmodule\n"
+    + _STUCK_HEADER
+    + "  hold2 u (.p({a, b}));\n  tran t (c, u.p[0]);\nendmodule\n"
+)
 # The same through $deposit, a system task that writes a net's value whatever drives it (not an
 # elaborated driver: the preprocessed text is checked for it).
 DEPOSITS_INTO_ITS_INPUTS = (

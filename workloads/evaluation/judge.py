@@ -65,8 +65,9 @@ to a supply with a tran hands the reference the same altered inputs, and a wrong
 the matching output passes the official flow. The elaboration alone also dumps iverilog's
 netlist (-N), which says, per signal of TopModule, whether it is an input port, whether a
 procedural statement writes it (force, release) and which nets it joins, and per node whether a
-pin drives its net; an input port written or driven from inside the design is refused (`H`,
-naming the port). Samples run in
+pin drives its net or joins it to others (a tran, an inout port's part select); an input port
+written or driven from inside the design, through such joins too, is refused (`H`, naming the
+port), and one only read, through an inout port too, is not. Samples run in
 parallel on a thread pool of os.cpu_count() workers (the threads only wait on child processes).
 
 Long on purpose: it reproduces verilog-eval's official judging (its iverilog commands, the
@@ -607,34 +608,70 @@ def _driven_inputs(netlist: str) -> list[str]:
     (a driven input is coerced to inout), so a design that forces its inputs, drives them or
     shorts them with a tran hands the reference the same altered inputs, and a wrong design
     stuck at the matching output passes. No design of a spec needs to.
+
+    A net is driven by a node pin that is not an input (O), or by a procedural write (lref: a
+    force, a release). Tran-like nodes (a tran primitive, or the bidirectional part select
+    iverilog puts between a vector and an inout port) join nets into one island through their
+    passive pins (p): an input port is driven when anything in its island is, so reading an
+    input through an inout port passes, and a supply shorted to it does not.
     """
-    ports: dict[str, set[str]] = {}
-    written: list[str] = []
+    top_inputs: dict[str, set[str]] = {}
+    written: set[str] = set()  # nexus of every signal a procedural statement writes
+    written_inputs: set[str] = set()
     driven: set[str] = set()
-    section, scope, port = "", "", None
+    island: dict[str, str] = {}  # nexus -> a nexus of its island (union-find)
+
+    def root(nexus: str) -> str:
+        while island.get(nexus, nexus) != nexus:
+            nexus = island[nexus]
+        return nexus
+
+    section, scope = "", ""
+    signal_nexus: set[str] | None = None  # the nexus of the signal being read
+    signal_written = False
+    node_passive: list[str] = []
+
+    def close_node() -> None:
+        for other in node_passive[1:]:
+            island[root(other)] = root(node_passive[0])
+        node_passive.clear()
+
     for line in netlist.splitlines():
         if not line.startswith(" "):
+            close_node()
             section = line if line.endswith(":") and line.isupper() else section
             scope = line.split(" ", 1)[0] if section == "SCOPES:" else ""
-            port = None
+            signal_nexus = None
             continue
-        if section == "SCOPES:" and scope == DESIGN_TOP:
+        if section == "SCOPES:":
             signal = _NETLIST_SIGNAL_RE.match(line)
             if signal:
-                port = signal["name"] if signal["port"] == "input" else None
-                if port is not None:
-                    ports[port] = set()
-                    if int(signal["lref"]):
-                        written.append(port)
+                signal_nexus, signal_written = set(), int(signal["lref"]) > 0
+                if scope == DESIGN_TOP and signal["port"] == "input":
+                    top_inputs[signal["name"]] = signal_nexus
+                    if signal_written:
+                        written_inputs.add(signal["name"])
                 continue
             nexus = _NETLIST_NEXUS_RE.match(line)
-            if nexus and port is not None:
-                ports[port].add(nexus.group(1))
+            if nexus and signal_nexus is not None:
+                signal_nexus.add(nexus.group(1))
+                if signal_written:
+                    written.add(nexus.group(1))
         elif section == "ELABORATED NODES:":
             pin = _NETLIST_PIN_RE.match(line)
-            if pin and pin["kind"] != "I":
+            if pin is None:
+                continue
+            if pin["kind"] == "p":
+                node_passive.append(pin["nexus"])
+            elif pin["kind"] != "I":
                 driven.add(pin["nexus"])
-    return [name for name, nexus in ports.items() if name in written or nexus & driven]
+    close_node()
+    driven_islands = {root(nexus) for nexus in driven | written}
+    return [
+        name
+        for name, nexus in top_inputs.items()
+        if name in written_inputs or any(root(n) in driven_islands for n in nexus)
+    ]
 
 
 def _outside_reason(alone_log: str, dangling: Sequence[str]) -> str:
