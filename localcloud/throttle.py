@@ -14,6 +14,7 @@ from __future__ import annotations
 import http.client
 import http.server
 import re
+import sys
 import threading
 import time
 import urllib.parse
@@ -24,6 +25,16 @@ HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrad
 # An object's media read in the GCS JSON API: /storage/v1/b/B/o/NAME?alt=media, or
 # /download/storage/v1/b/B/o/NAME.
 MEDIA = re.compile(r"^(?:/download)?/storage/v1/b/([^/]+)/o/([^?]+)$")
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        # A VM killed mid-connection (a preemption) resets it: expected, not worth a traceback.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 class SlowReads:
@@ -119,8 +130,7 @@ class SlowReads:
             def log_message(self, format: str, *args: object) -> None:
                 return
 
-        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
+        self._httpd = _Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
         threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
 
