@@ -22,8 +22,14 @@ this same code with nothing but Cloud TPU API access and reads of the bucket. On
   line: nothing is left billing with no job;
 - anything else (READY and training, CREATING, a queue waiting): left alone, one line.
 
-`journal` keeps the counts across restarts of the caller (the controller's is a file on its
-disk); it is keyed by the request, so a `pulumi up` that records another request starts afresh.
+Only nodes recovery made are judged by their boot: each carries the labels RECOVERED_BY and
+ATTEMPT_LABEL (which new node in a row it is), so every caller, the controller after a restart
+or a laptop at the same time, reads the same count from the node itself. A node `pulumi up`
+made is left to its deploy, which waits for its boot and reports a failure to the person
+running it (and its first boot may download the model from the hub for hours). `journal` keeps
+what the cloud cannot hold once the node is deleted (the recoveries made, a give-up), across
+restarts of the caller (the controller's is a file on its disk); it is keyed by the request, so
+a `pulumi up` that records another request starts afresh.
 """
 
 from __future__ import annotations
@@ -60,6 +66,10 @@ DEFAULT_MAX_ATTEMPTS = 3
 # and the release from the bucket (minutes), stages ~62 GB of weights from the bucket and
 # compiles the step (the compile cache is in the bucket): well under an hour when healthy.
 DEFAULT_BOOT_DEADLINE_S = 5400.0
+# The labels of a node recovery made: which caller's code made it, and which new node in a row
+# it is (1 after a preemption, +1 per node replaced because it did not train).
+RECOVERED_BY = {"recovered-by": "gemma4-recover"}
+ATTEMPT_LABEL = "recovery-attempt"
 # A watch survives this many consecutive failed checks (API or GCS hiccups) before giving up.
 MAX_FAILED_CHECKS = 5
 # What a pass ends with (`Pass.outcome`).
@@ -108,10 +118,7 @@ class Journal:
         return {
             "request": digest,
             "recoveries": int(data.get("recoveries") or 0),
-            "attempts": int(data.get("attempts") or 0),
-            "judged": list(data.get("judged") or []),
             "gave_up": data.get("gave_up"),
-            "recreated_at": data.get("recreated_at"),
         }
 
     def save(self, state: Mapping[str, Any]) -> None:
@@ -307,17 +314,20 @@ def recover_pass(
         age = clock() - created
         where = f"{label} in {zone}"
         failed = None
+        attempt = _attempt(node)
+        if attempt is None:  # made by `pulumi up`: its deploy watches its boot
+            line = f"{where}: {node_state}"
+            say(line)
+            return Pass(HEALTHY if node_state == "READY" else WAITING, line, zone)
         if node_state == "READY":
             failed = probes.boot_failure(target.boot_reports, created)
             if failed is None and probes.progressed(target.run_dir, created):
-                if state["attempts"] or state["gave_up"] or state["recreated_at"]:
-                    since = state["recreated_at"] or created
-                    say(f"{where}: READY and training ({clock() - since:.0f} s after recovery)")
-                    state.update(attempts=0, judged=[], gave_up=None, recreated_at=None)
+                line = f"{where}: READY and training (recovered {age:.0f} s ago)"
+                if state["gave_up"]:  # someone fixed it and brought it back
+                    state["gave_up"] = None
                     journal.save(state)
-                else:
-                    say(f"{where}: READY and training")
-                return Pass(HEALTHY, f"{where}: READY and training", zone)
+                say(line)
+                return Pass(HEALTHY, line, zone)
             if failed is None and age <= limits.boot_deadline_s:
                 line = (
                     f"{where}: READY, no training step yet ({age:.0f} s of "
@@ -334,8 +344,9 @@ def recover_pass(
             say(line)
             return Pass(WAITING, line, zone)
         return _replace_failed(
-            api, target, zone, node, failed, state, journal, limits, say, (clock, poll_s, sleep)
-        )
+            api, target, (zone, node, attempt), failed, state, journal, limits, say,
+            (clock, poll_s, sleep),
+        )  # fmt: skip
 
     if state["gave_up"]:
         line = f"{label}: gave up earlier ({state['gave_up']}); nothing to do until it is fixed"
@@ -353,18 +364,28 @@ def recover_pass(
         f"{label}: PREEMPTED, TERMINATED or gone; recreating it "
         f"(recovery {state['recoveries'] + 1}/{limits.max_recoveries})"
     )
-    result = _recreate(api, target, state, journal, say, (clock, poll_s, sleep))
+    result = _recreate(api, target, 1, say, (clock, poll_s, sleep))
     if result.outcome == RECREATED:  # a zone-less pass (no capacity anywhere) is not counted
         state["recoveries"] += 1
         journal.save(state)
     return result
 
 
+def _attempt(node: Mapping[str, Any]) -> int | None:
+    """Which new node in a row recovery made this one (its label), None if recovery did not."""
+    labels = node.get("labels") or {}
+    if any(labels.get(k) != v for k, v in RECOVERED_BY.items()):
+        return None
+    try:
+        return max(1, int(labels.get(ATTEMPT_LABEL) or 1))
+    except ValueError:
+        return 1
+
+
 def _replace_failed(
     api: placement.PlacementApi,
     target: record_mod.Recorded,
-    zone: str,
-    node: Mapping[str, Any],
+    found: tuple[str, Mapping[str, Any], int],
     why: str,
     state: dict[str, Any],
     journal: Journal,
@@ -375,16 +396,12 @@ def _replace_failed(
     """Deletes a node that booted but does not train; creates the next one, or gives up."""
     request = target.request
     label = _label(target)
-    node_key = str(node.get("id") or node.get("create_time") or node.get("createTime") or "")
-    if node_key not in state["judged"]:  # a pass restarted after judging it must not count twice
-        state["attempts"] += 1
-        state["judged"] = [*state["judged"][-9:], node_key]
-        journal.save(state)
-    say(f"{label} in {zone} failed: {why}; deleting it (attempt {state['attempts']})")
+    zone, node, attempt = found
+    say(f"{label} in {zone} failed: {why}; deleting it (new node {attempt} in a row)")
     placement.remove(api, request.node_name(zone), node.get("queued_resource") or None)
-    if state["attempts"] >= limits.max_attempts:
+    if attempt >= limits.max_attempts:
         line = (
-            f"{label}: gave up after {state['attempts']} new node(s) that did not train (last: "
+            f"{label}: gave up after {attempt} new node(s) that did not train (last: "
             f"{why}); deleted, nothing of it bills. Fix the cause, then run `python -m infra.ops "
             "recover` or `pulumi up`"
         )
@@ -392,20 +409,22 @@ def _replace_failed(
         journal.save(state)
         say(line)
         return Pass(GAVE_UP, line, zone)
-    return _recreate(api, target, state, journal, say, waits)
+    return _recreate(api, target, attempt + 1, say, waits)
 
 
 def _recreate(
     api: placement.PlacementApi,
     target: record_mod.Recorded,
-    state: dict[str, Any],
-    journal: Journal,
+    attempt: int,
     say: Callable[[str], None],
     waits: tuple[Callable[[], float], float, Callable[[float], None]],
 ) -> Pass:
-    """Places the node from its recorded request (deleting what is lost on the way)."""
-    request = target.request
-    clock, poll_s, sleep = waits
+    """Places the node from its recorded request (deleting what is lost on the way), labelled
+    as recovery's `attempt`-th new node in a row."""
+    labels = {**(target.request.node.get("labels") or {}), **RECOVERED_BY}
+    labels[ATTEMPT_LABEL] = str(attempt)
+    request = dataclasses.replace(target.request, node={**target.request.node, "labels": labels})
+    _clock, poll_s, sleep = waits
     started = time.monotonic()
     try:
         placed = placement.place(
@@ -415,8 +434,6 @@ def _recreate(
         line = f"{_label(target)}: {exc}"
         say(line)
         return Pass(WAITING, line)
-    state["recreated_at"] = state["recreated_at"] or clock()
-    journal.save(state)
     verb = "adopted" if placed.adopted else "created"
     line = (
         f"{_label(target)} {verb} in {placed.zone} "
@@ -703,7 +720,7 @@ def run(
     # A person asked for this pass: an earlier "gave up" is theirs to override.
     state = journal.load(request_digest(target.request))
     if state["gave_up"]:
-        journal.save({**state, "gave_up": None, "attempts": 0, "judged": []})
+        journal.save({**state, "gave_up": None})
     try:
         result = recover_pass(api, target, out, journal=journal, limits=limits, confirm=confirm)
     except placement.PlacementError as exc:
