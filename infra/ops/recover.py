@@ -40,6 +40,7 @@ import datetime
 import functools
 import hashlib
 import json
+import math
 import os
 import pathlib
 import sys
@@ -681,14 +682,15 @@ def run(
     Raises:
         OpsError: every problem, as one line (infra.ops prints it).
     """
-    if args.interval <= 0:
-        raise OpsError(f"--interval {args.interval:g}: must be > 0 seconds")
+    for flag, seconds in (("--interval", args.interval), ("--boot-deadline", args.boot_deadline)):
+        # float() takes nan and inf, which compare false with 0: a watch that never wakes, or
+        # a boot that is never judged.
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise OpsError(f"{flag} {seconds:g}: must be a finite number of seconds > 0")
     if args.max_recoveries < 0:
         raise OpsError(f"--max-recoveries {args.max_recoveries}: must be >= 0")
     if args.max_attempts < 1:
         raise OpsError(f"--max-attempts {args.max_attempts}: must be >= 1")
-    if args.boot_deadline <= 0:
-        raise OpsError(f"--boot-deadline {args.boot_deadline:g}: must be > 0 seconds")
     stdin = stdin or sys.stdin
     if args.watch and not args.yes and not stdin.isatty():
         raise OpsError(

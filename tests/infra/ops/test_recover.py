@@ -403,8 +403,14 @@ def test_the_cli_runs_one_pass_from_the_recorded_request(
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["--interval", "0"], "--interval 0: must be > 0 seconds"),
+        (["--interval", "0"], "--interval 0: must be a finite number of seconds > 0"),
+        (["--interval", "nan"], "--interval nan: must be a finite number of seconds > 0"),
+        (["--interval", "inf"], "--interval inf: must be a finite number of seconds > 0"),
+        (["--boot-deadline", "-1"], "--boot-deadline -1: must be a finite number of seconds > 0"),
+        (["--boot-deadline", "nan"], "--boot-deadline nan: must be a finite number of seconds > 0"),
+        (["--boot-deadline", "inf"], "--boot-deadline inf: must be a finite number of seconds > 0"),
         (["--max-attempts", "0"], "--max-attempts 0: must be >= 1"),
+        (["--max-recoveries", "-1"], "--max-recoveries -1: must be >= 0"),
         (["--until-new-source", "gs://b/s", "f"], "--until-new-source: only with --watch"),
         (["--watch"], "refusing to --watch without --yes"),
     ],
