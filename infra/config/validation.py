@@ -787,8 +787,21 @@ def rule_serving_requests(cfg: StackConfig) -> list[str]:
             f"serving.eval.maxTokens: {eval_section.max_tokens}: leaves no room for the prompt "
             f"in serving.maxModelLen {serving.max_model_len}"
         )
+    if not serving.bench.enabled:
+        return problems
+    if "shapes" in serving.bench.model_fields_set:
+        # The stack's own shapes: name each one that does not fit, as the user wrote it.
+        for index, (inp, out) in enumerate(serving.bench.shapes):
+            if inp + out > serving.max_model_len:
+                problems.append(
+                    f"serving.bench.shapes[{index}]: [{inp}, {out}]: input + output = "
+                    f"{inp + out} tokens, beyond serving.maxModelLen {serving.max_model_len}; "
+                    f"shorten it, raise serving.maxModelLen to {inp + out} or set "
+                    "serving.bench.enabled false"
+                )
+        return problems
     longest = max(i + o for i, o in serving.bench.shapes)
-    if serving.bench.enabled and longest > serving.max_model_len:
+    if longest > serving.max_model_len:
         problems.append(
             f"serving.maxModelLen: {serving.max_model_len}: the benchmark sweep sends requests "
             f"of up to {longest} tokens (input + output); raise it to {longest}, shorten "

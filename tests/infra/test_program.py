@@ -373,6 +373,25 @@ def test_without_token_no_secret_and_no_hub_download():
     assert "readonly HF_SECRET=''" in script
 
 
+def test_a_bench_shape_beyond_the_context_fails_before_any_resource():
+    # `pulumi preview`'s path: the stack's own sweep shape is named, not the context it exceeds.
+    mapping = pulumi_mocks.stack_file_config("prod")
+    mapping["serving"] = {**mapping["serving"], "bench": {"shapes": [[16000, 512]]}}
+    recording = pulumi_mocks.Recording()
+    with pytest.raises(pulumi.RunError) as info:
+        pulumi_mocks.run_program("prod", mapping, hf_token=TOKEN, recording=recording)
+    message = str(info.value)
+    assert "invalid (1 problem(s)); nothing was created" in message
+    line = next(x.strip() for x in message.splitlines() if "serving.bench" in x)
+    assert line == (
+        "serving.bench.shapes[0]: [16000, 512]: input + output = 16512 tokens, beyond "
+        "serving.maxModelLen 16384; shorten it, raise serving.maxModelLen to 16512 or set "
+        "serving.bench.enabled false"
+    )
+    assert "Traceback" not in message
+    assert recording.resources == []
+
+
 def test_missing_public_key_is_a_config_error(tmp_path):
     mapping = pulumi_mocks.stack_file_config("dev")
     mapping["ssh"] = {"sourceRanges": ["198.51.100.7/32"], "privateKeyFile": str(tmp_path / "none")}

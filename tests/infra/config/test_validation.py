@@ -6,9 +6,10 @@ import copy
 import typing
 
 import pytest
+from pydantic.alias_generators import to_snake
 
 from infra.config import model as config
-from infra.config import sizing, stack_config, validation
+from infra.config import runconfig_render, sizing, stack_config, validation
 from tests.fixtures import pulumi_mocks
 from workloads.contract import catalog
 
@@ -898,3 +899,128 @@ def test_every_list_valued_key_is_checked_for_repeats():
     }
     checked = set(validation.READS["rule_list_repeats"]) | set(validation.READS["rule_zone_lists"])
     assert lists and lists <= checked, sorted(lists - checked)
+
+
+# ---------------------------------------------------------------------------------------------
+# The serving keys and the recovery controller's: bad input is exactly one line naming the key,
+# the bad value and what is allowed; good input passes
+
+ONE_LINE = [
+    (
+        "unknown-profile",
+        {"serving": {"profile": "fast"}},
+        "serving.profile: 'fast': Input should be 'paper' or 'throughput'",
+    ),
+    (
+        "profile-with-replicas-over-the-chips",
+        {"serving": {"profile": "paper", "dataParallelSize": 2}},
+        "serving.dataParallelSize: 2, serving.tensorParallelSize: 8: replicas x TP = 16 must "
+        "equal the 8 chips of v6e-8 (e.g. 1 x 8, 2 x 4; serving.profile: paper)",
+    ),
+    (
+        "throughput-profile-with-tp-over-its-replicas",
+        {"serving": {"profile": "throughput", "tensorParallelSize": 8}},
+        "serving.dataParallelSize: 2, serving.tensorParallelSize: 8: replicas x TP = 16 must "
+        "equal the 8 chips of v6e-8 (e.g. 1 x 8, 2 x 4; serving.profile: throughput)",
+    ),
+    (
+        "tp-beyond-the-chips",
+        {"serving": {"tensorParallelSize": 16}},
+        "serving.tensorParallelSize: 16: between 1 and the 8 chips of v6e-8",
+    ),
+    (
+        "quantization-the-engine-does-not-offer",
+        {"serving": {"weightQuantization": "int8"}},
+        "serving.weightQuantization: 'int8': Input should be 'off' or 'fp8'",
+    ),
+    (
+        "kv-dtype-the-engine-does-not-offer",
+        {"serving": {"kvCacheDtype": "fp16"}},
+        "serving.kvCacheDtype: 'fp16': Input should be 'auto', 'bfloat16', 'fp8', 'fp8_e4m3' or "
+        "'fp8_e5m2'",
+    ),
+    (
+        "unknown-weights-source",
+        {"serving": {"weightsFrom": "local"}},
+        "serving.weightsFrom: 'local': Input should be 'staged' or 'bucket'",
+    ),
+    (
+        "bench-shape-beyond-the-context",
+        {"serving": {"bench": {"shapes": [[1024, 512], [16000, 512]]}}},
+        "serving.bench.shapes[1]: [16000, 512]: input + output = 16512 tokens, beyond "
+        "serving.maxModelLen 16384; shorten it, raise serving.maxModelLen to 16512 or set "
+        "serving.bench.enabled false",
+    ),
+    (
+        "context-below-the-default-bench-shapes",
+        {"serving": {"maxModelLen": 4096}},
+        "serving.maxModelLen: 4096: the benchmark sweep sends requests of up to 15872 tokens "
+        "(input + output); raise it to 15872, shorten serving.bench.shapes or set "
+        "serving.bench.enabled false",
+    ),
+    (
+        "recovery-interval-too-short",
+        {"recovery": {"enabled": True, "intervalSeconds": 10}},
+        "recovery.intervalSeconds: 10: Input should be greater than or equal to 30",
+    ),
+    (
+        "recovery-zone-a-region",
+        {"recovery": {"enabled": True, "zone": "us-central1"}},
+        "recovery.zone: 'us-central1': a zone such as us-central1-a, or unset",
+    ),
+    (
+        "recovery-machine-type",
+        {"recovery": {"enabled": True, "machineType": "n1-standard-1"}},
+        "recovery.machineType: 'n1-standard-1': Input should be 'e2-micro', 'e2-small' or "
+        "'e2-medium'",
+    ),
+    (
+        "recovery-limit-that-is-a-flag",
+        {"recovery": {"enabled": True, "maxAttempts": 3}},
+        "recovery.maxAttempts: unknown key: allowed keys here are backendUrl, enabled, "
+        "intervalSeconds, machineType, zone",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"), [c[1:] for c in ONE_LINE], ids=[c[0] for c in ONE_LINE]
+)
+def test_a_bad_serving_or_recovery_key_is_exactly_one_line(override, expected):
+    with pytest.raises(config.ConfigError) as info:
+        stack_config.parse_stack_config(_merge(PROD, override), has_hf_token=True)
+    assert info.value.problems == [expected]
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"serving": {"profile": "throughput"}},
+        {"serving": {"profile": "throughput", "tensorParallelSize": 8, "dataParallelSize": 1}},
+        {"serving": {"profile": "throughput", "weightQuantization": "off"}},
+        {"serving": {"profile": "paper", "tensorParallelSize": 4, "dataParallelSize": 2}},
+        {"serving": {"weightQuantization": "fp8", "kvCacheDtype": "fp8_e5m2"}},
+        {"serving": {"weightsFrom": "bucket"}},
+        {"serving": {"maxModelLen": 1536, "bench": {"shapes": [[1024, 512]]}}},
+        {"serving": {"maxModelLen": 4096, "bench": {"enabled": False}}},
+        {
+            "recovery": {
+                "enabled": True,
+                "intervalSeconds": 30,
+                "zone": "us-central1-b",
+                "machineType": "e2-micro",
+            }
+        },
+    ],
+    ids=lambda override: ",".join(f"{k}={v}" for k, v in next(iter(override.values())).items()),
+)
+def test_a_good_serving_or_recovery_key_passes(override):
+    cfg = stack_config.parse_stack_config(_merge(PROD, override), has_hf_token=True)
+    serve = runconfig_render.render_run_config(cfg).serve
+    assert serve is not None
+    # The profile gives what the stack leaves unset; a key the stack sets wins.
+    for key, value in override.get("serving", {}).items():
+        if key != "bench":
+            assert getattr(serve, to_snake(key)) == value, key
+    # weightsFrom bucket streams the merged model from where the merge wrote it: always gs://.
+    assert serve.model_dir.startswith("gs://")
