@@ -86,7 +86,7 @@ def test_status_shows_tpu_state_units_and_last_step(
         "ActiveState=active\nSubState=running\nNRestarts=2\nResult=success\n"
     )
     run = worker.root / "run"
-    run.mkdir()
+    run.mkdir(exist_ok=True)  # the worker has /run (the ready marker lives there)
     (run / "metrics.jsonl").write_text(
         json.dumps({"step": 41, "loss": 1.25})
         + "\n"
