@@ -23,7 +23,7 @@ grants, and of the resources it declares), not the service's full list: compute 
 hundreds. A permission missing here is either misspelt or new to the program; check it against
 the source above before adding it.
 
-Pure data and small functions: no Pulumi import, so that localcloud, the components and the ops
+Pure data and small functions: no Pulumi import, so that the rehearsal, the components and the ops
 commands can all import it (the bottom layer of infra, like the rest of infra.config).
 """
 

@@ -18,7 +18,7 @@ T = TypeVar("T")
 # gcloud's own setting for another Cloud TPU endpoint (`https://tpu.googleapis.com/` by
 # default). The project's client reads the same variable, so one setting points gcloud on a VM
 # and the Python client on the operator's machine at another server: the local cloud's Cloud TPU
-# API (localcloud/tpu_api.py) in a rehearsal. There is no other switch: the same calls, the same
+# API in a rehearsal (docs/rehearsal.md). There is no other switch: the same calls, the same
 # transport and Application Default Credentials either way.
 ENDPOINT_ENV = "CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU"
 
