@@ -65,9 +65,6 @@ PENDING: dict[tuple[str, str], str] = {
         "the checksum cost is already benchmarks.md#checkpoint-checksums: keep the link, drop "
         "the number"
     ),
-    ("docs/operations.md", "~50 s here"): (
-        "the controller-venv test's time: to benchmarks.md (with its date and commit), or dropped"
-    ),
 }
 
 
