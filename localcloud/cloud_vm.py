@@ -34,8 +34,8 @@ STAND_INS = (
     "gcloud: a stand-in for storage cp/ls/rsync, secrets, and tpu-vm delete/stop sent to the "
     "local Cloud TPU API (localcloud/guest/gcloud)",
     "GCS: fake-gcs-server (the GCS JSON API; no IAM, no latency)",
-    "the Pulumi engine: the program runs under mocks; the TpuNode provider's code creates, "
-    "replaces and deletes the nodes, the SshDeployment provider's code deploys",
+    "the Pulumi engine: the program runs under mocks; the TpuNode provider's code creates and "
+    "deletes the nodes, the SshDeployment provider's code deploys",
     "the Cloud TPU API: a local server of its REST protocol (localcloud/tpu_api.py) that the "
     "real google-cloud-tpu client and the VMs' gcloud reach by endpoint setting",
     "IAM: every TPU call checked against the program's own roles and bindings with Google's "
@@ -44,7 +44,7 @@ STAND_INS = (
     "stand-in with tensor/data parallelism 1, the text model's class and eager mode",
     "GitHub: the serving VM's disk carries the verilog-eval checkout (the three problems the "
     "wheel ships, named as the pinned commit)",
-    "Docker Hub, get.pulumi.com: not reachable (the controller stops at the Pulumi CLI)",
+    "Docker Hub: not reachable (the docker stand-in runs the engine from the host's venv)",
 )
 
 
@@ -115,6 +115,10 @@ class CloudVm:
             "TENSORSTORE_GCS_HTTP_URL": self.storage_url,
             # gcsfs's gRPC bucket probe waits 30 s per call against a server without it.
             "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+            # google-auth's own settings for where the metadata server is (169.254.169.254 on
+            # GCE): Application Default Credentials on the VM get its account's token there.
+            "GCE_METADATA_HOST": self.metadata.address,
+            "GCE_METADATA_IP": self.metadata.address,
             **CPU_AS_TPU,
             **self.settings,
         }

@@ -117,26 +117,6 @@ class ControlPlane:
         self.placed[role] = Placed(created.id, dict(created.outs or {}))
         return self.placed[role]
 
-    def replace_if_gone(self, role: str) -> tuple[str, Placed]:
-        """What `pulumi up` does to a node after a preemption: refresh (read), diff (a PREEMPTED
-        node must be replaced), delete, create. Returns (the state the read saw, the new node).
-
-        Raises:
-            InfraError: the diff wanted no replacement (the node is not gone).
-        """
-        from infra.errors import InfraError
-
-        old = self.placed[role]
-        read = self.provider.read(old.id, old.outs)
-        state = str((read.outs or {}).get("state") or "GONE")
-        diff = self.provider.diff(
-            old.id, dict(read.outs or old.outs), dict(self.plan.vms[role].props)
-        )
-        if "state" not in (diff.replaces or []):
-            raise InfraError(f"{role} node is {state}: the provider's diff replaces nothing")
-        self.provider.delete(old.id, dict(read.outs or old.outs))
-        return state, self.up(role)
-
     def destroy(self, role: str) -> None:
         """The provider's delete of `role`'s node (`pulumi destroy`), if it still exists."""
         placed = self.placed.pop(role, None)

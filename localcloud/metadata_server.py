@@ -22,6 +22,7 @@ from collections.abc import Mapping
 
 PREFIX = "/computeMetadata/v1/"
 PROJECT_NUMBER = "123456789012"
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 
 
 @dataclasses.dataclass
@@ -47,6 +48,24 @@ class Instance:
 
     def answer(self, path: str) -> str | None:
         """The value at `path` (below computeMetadata/v1/), or None (404)."""
+        email = self.service_account or f"vm@{self.project}.iam.gserviceaccount.com"
+        account = {
+            # google-auth reads the account's facts (recursive=true), then its token by email.
+            "": json.dumps(
+                {"aliases": ["default"], "email": email, "scopes": [CLOUD_PLATFORM_SCOPE]}
+            ),
+            # gcloud and google-auth ask for a token: the local TPU API maps it to the account;
+            # the storage stand-in accepts any (fake-gcs-server has no IAM).
+            "token": json.dumps(
+                {"access_token": self.token, "expires_in": 3599, "token_type": "Bearer"}
+            ),
+            "email": email,
+            "scopes": CLOUD_PLATFORM_SCOPE,
+        }
+        for alias in ("default", email):
+            prefix = f"instance/service-accounts/{alias}/"
+            if path.startswith(prefix) and path.removeprefix(prefix) in account:
+                return account[path.removeprefix(prefix)]
         fixed = {
             "instance/name": self.name,
             "instance/hostname": f"{self.name}.c.{self.project}.internal",
@@ -54,13 +73,6 @@ class Instance:
             "instance/zone": f"projects/{PROJECT_NUMBER}/zones/{self.zone}",
             "project/project-id": self.project,
             "project/numeric-project-id": PROJECT_NUMBER,
-            # gcloud and google-auth ask for a token: the local TPU API maps it to the account;
-            # the storage stand-in accepts any (fake-gcs-server has no IAM).
-            "instance/service-accounts/default/token": json.dumps(
-                {"access_token": self.token, "expires_in": 3599, "token_type": "Bearer"}
-            ),
-            "instance/service-accounts/default/email": self.service_account
-            or f"vm@{self.project}.iam.gserviceaccount.com",
         }
         if path in fixed:
             return fixed[path]
@@ -96,6 +108,9 @@ class MetadataServer:
                     self._send(403, "Missing Metadata-Flavor:Google header.")
                     return
                 path = self.path.split("?", 1)[0]
+                if path == "/":  # google-auth's "is this GCE?" ping
+                    self._send(200, "computeMetadata/\n")
+                    return
                 if not path.startswith(PREFIX):
                     self._send(404, "Not Found")
                     return
@@ -109,7 +124,9 @@ class MetadataServer:
                 data = body.encode()
                 self.send_response(code)
                 self.send_header("Metadata-Flavor", "Google")
-                self.send_header("Content-Type", "application/text")
+                # google-auth parses a JSON answer (a token, an account) by its content type.
+                kind = "application/json" if body.startswith("{") else "application/text"
+                self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import math
 import os
 import pathlib
 import re
@@ -34,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from infra.config import stack_config
 from infra.errors import InfraError
 from infra.vm import layout
 from localcloud import (
@@ -440,6 +442,8 @@ def prepare_training(
         from workloads.model import tiny_model
 
         r.add_buckets(plan.buckets)
+        for uri, data in plan.objects.items():  # what `pulumi up` uploads (recovery records...)
+            r.put(uri, data)
         script = train.metadata["startup-script"]
         model_uri = _script_value(script, "MODEL_URI")
         marker_uri = _script_value(script, "MODEL_MARKER_URI")
@@ -469,7 +473,12 @@ def prepare_training(
 
 
 def _life_of_a_run(r: Rehearsal) -> None:
-    cloud = prepare_training(r, serving=True)
+    # recovery.enabled: the controller VM watches the training node through the API and
+    # recreates it after the preemption (its own code; nothing here does it for it).
+    # It checks every 30 s here, the shortest the stack config allows (120 s by default).
+    cloud = prepare_training(
+        r, {"recovery": {"enabled": True, "intervalSeconds": 30}}, serving=True
+    )
     run_config = cloud.run_config
     control = r.start_control_plane(cloud)
     with r.stage("boot") as note:
@@ -479,12 +488,22 @@ def _life_of_a_run(r: Rehearsal) -> None:
             f"{vm.name} at {placed.address}: node created in {placed.outs['zone']} by the TpuNode "
             "provider through the local Cloud TPU API"
         )
+    controller = _boot_controller(r, cloud, control)
     with r.stage("deploy") as note:
         cloud.deploy(vm)
         note.append(f"{vm.name}: ready marker seen, workloads deployed over SSH")
         r.ran.append(
             f"{vm.name}: startup script (venv installed by uv), deploy, training until preempted"
         )
+    # Before the first checkpoint: the preemption must find the controller watching.
+    with r.stage("control") as note:
+        _wait(
+            "the recovery controller's first look at the training node",
+            lambda: bool(_recover_lines(controller)),
+            600,
+            controller,
+        )
+        note.append(f"{controller.name}: watching; {_recover_lines(controller)[-1]}")
     run_dir = run_config["train"]["output_dir"]
     with r.stage("train") as note:
         saved: list[int] = []
@@ -511,13 +530,23 @@ def _life_of_a_run(r: Rehearsal) -> None:
             f"{vm.name}: the API took the node back (PREEMPTED, SIGKILL to PID 1) after step "
             f"{saved[-1]} was saved"
         )
-    with r.stage("reboot") as note:
-        seen, placed = control.replace_if_gone("train")
+    with r.stage("recover") as note:
+        _wait(
+            "the controller to recreate the node and its trainer to start",
+            lambda: (
+                control.hooks.vms.get(placed.id) not in (None, vm)
+                and control.api.state(placed.id) == "READY"
+                and _unit_state(control.hooks.vms[placed.id], "gemma4-train.service")
+                in ("active", "activating")
+            ),
+            900,
+            controller,
+        )
         vm2 = control.hooks.vms[placed.id]
-        cloud.deploy(vm2)
+        creator = _created_by(control, placed.id)
         note.append(
-            f"read {seen}; replaced: {vm2.name} at {placed.address}, a new VM booted, ready, "
-            "deployed"
+            f"{creator.removeprefix('serviceAccount:')} recreated the node; {vm2.name} booted, "
+            "installed the release from the bucket and started its trainer (no deploy)"
         )
     with r.stage("resume") as note:
         _wait(
@@ -568,7 +597,10 @@ def _life_of_a_run(r: Rehearsal) -> None:
             )
     control.destroy("train")  # without a release: `pulumi destroy` deletes it
     _serving(r, cloud, control)
-    _controller(r, cloud)
+    r.ran.append(
+        f"{controller.name}: the recovery controller (recover.sh, then `python -m infra.ops "
+        f"recover --watch` as its own account): {_recover_lines(controller)[-1]}"
+    )
     answered, refused = control.calls()
     r.ran.append(
         f"the control plane: {answered} Cloud TPU API calls, each checked against the program's "
@@ -577,37 +609,45 @@ def _life_of_a_run(r: Rehearsal) -> None:
 
 
 def _overlap(vm: cloud_vm.CloudVm) -> str:
-    """What the VM's stage records say of the weights' arrival: the trainer's data and its
-    step's compile must have ended before the startup script's weights stage did (the trainer
-    starts at ready, not after the download).
+    """What the VM's stage records say of the weights' arrival. Required: the trainer's data
+    ended, and its step's compile started, before the startup script's weights stage ended (the
+    trainer starts at ready, not after the download). Reported: when the compile ended, before
+    the weights (as on a quiet machine at the default --weights-seconds) or after (a busy one).
 
     Raises:
-        RehearsalError: they did not, or the records lack a stage.
+        RehearsalError: the trainer did not start while the weights arrived, or the records lack
+            a stage.
     """
     from workloads.common import stage_records
 
     path = vm.machine.root / layout.RemoteLayout().stages_file.lstrip("/")
     records = stage_records.read_records(str(path))
     boot = stage_records.latest_boot(records)
-    ends = {
-        (r["source"], r["stage"]): float(r["at"])
+    at = {
+        (r["source"], r["stage"], r["event"]): float(r["at"])
         for r in records
-        if r.get("event") == "end" and r.get("boot") == boot and r.get("ok")
+        if r.get("boot") == boot and (r.get("event") == "start" or r.get("ok"))
     }
-    needed = (("startup", "weights"), ("trainer", "data"), ("trainer", "compile_ahead"))
-    missing = [f"{source} {stage}" for source, stage in needed if (source, stage) not in ends]
+    needed = (
+        ("startup", "weights", "end"),
+        ("trainer", "data", "end"),
+        ("trainer", "compile_ahead", "start"),
+        ("trainer", "compile_ahead", "end"),
+    )
+    missing = [" ".join(key) for key in needed if key not in at]
     if missing:
-        raise RehearsalError(f"{vm.name}: no end of {', '.join(missing)} in {path}")
-    weights = ends[("startup", "weights")]
-    late = [stage for source, stage in needed[1:] if ends[(source, stage)] >= weights]
+        raise RehearsalError(f"{vm.name}: no {', '.join(missing)} in {path}")
+    weights = at[needed[0]]
+    late = [" ".join(key[1:]) for key in needed[1:3] if at[key] >= weights]
     if late:
         raise RehearsalError(
-            f"{vm.name}: the trainer's {' and '.join(late)} ended after the weights were staged: "
+            f"{vm.name}: the trainer's {' and '.join(late)} came after the weights were staged: "
             f"it did not start while they arrived ({path})"
         )
+    compiled = weights - at[needed[3]]
     return (
-        f"the trainer's data ended {weights - ends[('trainer', 'data')]:.0f} s and its step's "
-        f"compile {weights - ends[('trainer', 'compile_ahead')]:.0f} s before the weights did"
+        f"the trainer's data ended {weights - at[needed[1]]:.0f} s before the weights did, its "
+        f"step's compile {abs(compiled):.0f} s {'before' if compiled > 0 else 'after'} them"
     )
 
 
@@ -680,53 +720,44 @@ def _healthy(port: int) -> bool:
         return False
 
 
-def _controller(r: Rehearsal, cloud: TrainingCloud) -> None:
-    """The recovery controller's VM boots its real recover.sh (the program declares it when
-    recovery.enabled) as far as the Pulumi CLI, which cannot be downloaded here."""
-    state = "localcloud-rehearsal-pulumi-state"
-    with r.stage("control") as note:
-        r.storage.new_bucket(state)
-        config = stack_plan.merged(
-            cloud.plan.config,
-            {
-                # The controller puts the SSH key at the same ~/ path in its own home.
-                "ssh": {"privateKeyFile": "~/.ssh/id_ed25519"},
-                "recovery": {"enabled": True, "backendUrl": f"gs://{state}/pulumi"},
-            },
-        )
-        secrets = {"recoverySshKey": cloud.key.read_text(), "recoveryPassphrase": "rehearsal"}
-        controller = stack_plan.plan(r.stack, config, secrets).vms.get("controller")
-        if controller is None:
-            raise RehearsalError("recovery.enabled declared no controller instance")
-        vm = r.new_vm(controller, cloud.tree)
-        vm.boot(wait=False)
-        _wait(
-            "the controller's recover.sh to reach the Pulumi CLI download",
-            lambda: "get.pulumi.com" in _console(vm),
-            600,
-            vm,
-        )
-        if "venv /opt/gemma4-recover/venv made" not in _console(vm):
-            raise RehearsalError(f"{vm.name}: recover.sh reached Pulumi without making its venv")
-        note.append(
-            f"{vm.name}: recover.sh ran apt, its user and venv, swap; stopped at the Pulumi CLI "
-            "download (get.pulumi.com is not reachable here)"
-        )
-        r.ran.append(f"{vm.name}: the recovery controller's recover.sh, up to the Pulumi CLI")
-        r.keep_logs(vm)
-        vm.machine.preempt()
+def _boot_controller(
+    r: Rehearsal, cloud: TrainingCloud, control: control_plane.ControlPlane
+) -> cloud_vm.CloudVm:
+    """Boots the recovery controller's VM (a Compute Engine instance: not through the TPU API)
+    as its own service account; its recover.sh installs the controller and starts its watch."""
+    plan = cloud.plan.vms.get("controller")
+    if plan is None:
+        raise RehearsalError("recovery.enabled declared no controller instance")
+    token = control.api.iam.issue_token(f"serviceAccount:{plan.service_account}")
+    vm = r.new_vm(plan, cloud.tree, plan.service_account, token)
+    vm.boot(wait=False)
+    return vm
+
+
+def _recover_lines(vm: cloud_vm.CloudVm) -> list[str]:
+    """The controller's own lines so far (its unit's journal)."""
+    with contextlib.suppress(MachineError):
+        out = vm.machine.run(
+            ["journalctl", "-u", "gemma4-recover", "--no-pager", "-o", "cat"], check=False
+        ).stdout
+        # Its lines read `<UTC time> recover: ...` (infra.ops recover's watch).
+        return [line for line in out.splitlines() if " recover: " in line]
+    return []
+
+
+def _created_by(control: control_plane.ControlPlane, node: str) -> str:
+    """Who last created `node` through the API (a POST to its zone's nodes or queue)."""
+    zone_path = node.removeprefix("/").rsplit("/nodes/", 1)[0]
+    for member, verb, called, code in reversed(control.api.calls):
+        created = called.endswith(("/nodes", "/queuedResources"))
+        if verb == "POST" and code == 200 and created and called.startswith(zone_path + "/"):
+            return member
+    raise RehearsalError(f"node {node} is there but no create of it reached the API")
 
 
 def _gcloud_log(vm: cloud_vm.CloudVm) -> str:
     try:
         return (vm.machine.root / "var/log/localcloud-gcloud.log").read_text(errors="replace")
-    except OSError:
-        return ""
-
-
-def _console(vm: cloud_vm.CloudVm) -> str:
-    try:
-        return vm.machine.console.read_text(errors="replace")
     except OSError:
         return ""
 
@@ -743,6 +774,12 @@ def _summary(r: Rehearsal) -> None:
     r.say("  stand-ins:")
     for line in cloud_vm.STAND_INS:
         r.say(f"    {line}")
+
+
+def known_stacks() -> list[str]:
+    """The stacks of the checkout: those with a Pulumi.<stack>.yaml."""
+    files = stack_config.ROOT.glob(stack_config.stack_file("*"))
+    return sorted(p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in files)
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -766,8 +803,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m localcloud rehearse", description=__doc__)
     configure_parser(parser)
     args = parser.parse_args(argv)
-    if args.weights_seconds < 0:
-        parser.error(f"--weights-seconds {args.weights_seconds:g}: must be 0 (off) or more")
+    # float() takes nan and inf: nan would silently mean full speed, inf a stage that never ends.
+    if not (math.isfinite(args.weights_seconds) and args.weights_seconds >= 0):
+        parser.error(
+            f"--weights-seconds {args.weights_seconds:g}: a finite number of seconds, 0 (off) or "
+            "more"
+        )
+    stacks = known_stacks()
+    if args.stack not in stacks:  # before anything starts, not at the plan stage
+        parser.error(
+            f"--stack {args.stack}: no {stack_config.stack_file(args.stack)} in the checkout; "
+            f"its stacks are {', '.join(stacks)}"
+        )
     workdir = args.workdir.resolve()
     try:
         workdir.mkdir(parents=True, exist_ok=True)

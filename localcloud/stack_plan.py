@@ -69,6 +69,8 @@ class VmPlan:
     accelerator: str
     metadata: dict[str, str]
     deployment: dict[str, Any] | None
+    service_account: str = ""
+    """The email of the account the VM runs as."""
     props: dict[str, Any] = dataclasses.field(default_factory=dict)
     """The TpuNode resource's inputs, as `pulumi up` hands them to its provider (empty for the
     controller's Compute Engine instance)."""
@@ -82,6 +84,9 @@ class StackPlan:
     config: dict[str, Any]
     vms: dict[str, VmPlan]
     buckets: list[str]
+    objects: dict[str, bytes] = dataclasses.field(default_factory=dict)
+    """gs:// URI -> the bytes of every bucket object the program declares (the recovery records,
+    the boot release, the controller's source): `pulumi up` uploads them, the rehearsal too."""
     iam: list[tuple[str, dict[str, Any]]] = dataclasses.field(default_factory=list)
     """(type token, inputs) of every resource the program declared: the local IAM reads its
     roles and bindings from them (localcloud/iam.py)."""
@@ -114,6 +119,24 @@ def rehearsal_config(
 
 
 INSTANCE = "gcp:compute/instance:Instance"
+BUCKET_OBJECT = "gcp:storage/bucketObject:BucketObject"
+
+
+def _objects(declared: list[pulumi_mocks.Registered]) -> dict[str, bytes]:
+    """gs:// URI -> bytes of each declared bucket object: its `content` (a secret under the
+    mocks: the wrapped value) or its `source` file."""
+    found = {}
+    for obj in declared:
+        inputs = obj.inputs
+        uri = f"gs://{inputs['bucket']}/{inputs['name']}"
+        content = inputs.get("content")
+        if isinstance(content, dict):
+            content = content.get("value")
+        if content is not None:
+            found[uri] = str(content).encode()
+        elif getattr(inputs.get("source"), "path", None):
+            found[uri] = pathlib.Path(inputs["source"].path).read_bytes()
+    return found
 
 
 def plan(stack: str, config: dict[str, Any], secrets: dict[str, str] | None = None) -> StackPlan:
@@ -141,6 +164,7 @@ def plan(stack: str, config: dict[str, Any], secrets: dict[str, str] | None = No
             accelerator=inputs["accelerator_type"],
             metadata={k: str(v) for k, v in (inputs.get("metadata") or {}).items()},
             deployment=deployments.get(inputs["node_id"]),
+            service_account=str((inputs.get("service_account") or {}).get("email") or ""),
             props={k: v for k, v in inputs.items() if not k.startswith("__")},
         )
     for instance in recording.of_type(INSTANCE):
@@ -152,6 +176,7 @@ def plan(stack: str, config: dict[str, Any], secrets: dict[str, str] | None = No
             accelerator="",
             metadata={k: str(v) for k, v in (inputs.get("metadata") or {}).items()},
             deployment=None,
+            service_account=str((inputs.get("serviceAccount") or {}).get("email") or ""),
         )
     buckets = [
         r.inputs["name"] for r in recording.resources if r.type == "gcp:storage/bucket:Bucket"
@@ -161,5 +186,6 @@ def plan(stack: str, config: dict[str, Any], secrets: dict[str, str] | None = No
         config=config,
         vms=vms,
         buckets=buckets,
+        objects=_objects(recording.of_type(BUCKET_OBJECT)),
         iam=[(r.type, dict(r.inputs)) for r in recording.resources],
     )

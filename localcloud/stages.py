@@ -14,14 +14,14 @@ STAGES = (
     "image",  # the Debian 12 tree (built once, cached after)
     "boot",  # the training node created through the local Cloud TPU API; its VM boots
     "deploy",  # the startup script to ready, then the deploy over SSH
+    "control",  # the recovery controller's VM watching the training node
     "train",  # the trainer until a checkpoint is intact in the bucket
     "preempt",  # the node taken back: its VM killed
-    "reboot",  # `pulumi up` replaces the node; a new VM, deployed
+    "recover",  # the controller recreates the node; the new VM installs its release and trains
     "resume",  # the trainer takes the run lock over and finishes
     "merge",  # the merge unit
     "release",  # the training VM gives its node back (when the stack asks)
     "serve",  # the serving VM, vLLM healthy
     "eval",  # the eval unit
     "bench",  # the bench unit
-    "control",  # the recovery controller's VM, up to the Pulumi CLI
 )
