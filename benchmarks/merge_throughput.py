@@ -140,8 +140,9 @@ def build(workdir: pathlib.Path, size_gb: float, rank: int, base_shard_gb: float
     import orbax.checkpoint as ocp
     import safetensors.numpy
 
+    from workloads.checkpoint import adapter_meta
     from workloads.contract import catalog, runconfig
-    from workloads.model import adapter_meta, tiny_model
+    from workloads.model import tiny_model
 
     spec = catalog.model("gemma-4-31b")
     rng = np.random.default_rng(0)
@@ -263,8 +264,8 @@ def worker_naive(base: str, run: str, out: str) -> dict:
     import numpy as np
     import safetensors.numpy
 
-    from workloads.merge import lora_restore, mapping
-    from workloads.model import adapter_meta
+    from workloads.checkpoint import adapter_meta, lora_restore
+    from workloads.merge import mapping
 
     _import_common()
     idle = peak_rss()

@@ -353,7 +353,8 @@ _COMPILE_WORKER = r"""
 import json, pathlib, sys, time
 from workloads.model import gemma4, parallel_load, tiny_model
 from workloads.contract import runconfig
-from workloads.train import compile_ahead, lora as lora_lib, trainer
+from workloads.train import compile_ahead, trainer
+from workloads.model import lora as lora_lib
 import jax
 mode, work = sys.argv[1], pathlib.Path(sys.argv[2])
 model_dir = tiny_model.write_tiny_model(work / "model", seed=0)

@@ -94,7 +94,7 @@ def uncounted_loss_flops(settings: dict[str, Any], chips: int) -> float:
 # Sources whose change changes the compiled step (their hash is part of the cache key).
 STEP_SOURCES = (
     "workloads/model/gemma4.py",
-    "workloads/train/lora.py",
+    "workloads/model/lora.py",
     "workloads/train/step.py",
     "workloads/train/checkpoints.py",
     "workloads/train/compile_step.py",

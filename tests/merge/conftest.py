@@ -1,7 +1,7 @@
 """Fixtures of the merge tests: a tiny f32 Gemma 4, a LoRA run saved the way training saves it,
 and its merged checkpoint (built once per session).
 
-The run goes through the training code path: workloads.model.gemma4.load_model, workloads.train.lora
+The run goes through the training code path: workloads.model.gemma4.load_model, workloads.model.lora
 .apply_lora on every target (k_einsum of the global layers included), tunix's CheckpointManager
 .save (what PeftTrainer calls) and adapter_meta.write. LoRA B starts at zero in Qwix, so it is
 randomised here: a merge of all-zero adapters would prove nothing.
@@ -59,10 +59,10 @@ def lora_run(tiny_model_dir, tmp_path_factory) -> LoraRun:
     from flax import nnx
     from tunix.sft import checkpoint_manager
 
+    from workloads.checkpoint import adapter_meta
     from workloads.contract import runconfig
     from workloads.merge import verify
-    from workloads.model import adapter_meta, gemma4
-    from workloads.train import lora
+    from workloads.model import gemma4, lora
 
     root = tmp_path_factory.mktemp("merge")
     base = tiny_model_dir  # shared, read-only: tests that need a changed base copy it

@@ -112,7 +112,7 @@ def test_only_the_lora_factors_are_restored_onto_the_host(lora_run, tmp_path, mo
     from tunix.models.gemma4 import params_safetensors
 
     from workloads import merge
-    from workloads.merge import lora_restore
+    from workloads.checkpoint import lora_restore
     from workloads.model import gemma4
 
     def forbidden(*args, **kwargs):

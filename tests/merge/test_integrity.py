@@ -13,8 +13,9 @@ import pytest
 
 from tests.merge.conftest import SHARD_SIZE, STEPS
 from workloads import merge
+from workloads.checkpoint import lora_restore
 from workloads.common import errors
-from workloads.merge import lora_restore, shard_worker
+from workloads.merge import shard_worker
 
 GARBAGE_SCALE = np.float32(1e30)  # B * 1e30: finite deltas up to ~1e29 (float32 holds 3.4e38)
 
@@ -73,7 +74,7 @@ def test_the_fixture_fine_tune_passes_the_bound_with_margin(lora_run, merged):
 
 
 def test_a_step_that_differs_from_its_checksums_is_not_merged(lora_run, tmp_path):
-    from workloads.train import checksums
+    from workloads.checkpoint import checksums
 
     run = tmp_path / "run"
     shutil.copytree(lora_run.run, run)

@@ -9,7 +9,7 @@ from tests.merge.conftest import STEPS
 
 
 def test_reading_an_item_does_not_warn_about_item_level_metadata(lora_run, caplog):
-    from workloads.merge import lora_restore
+    from workloads.checkpoint import lora_restore
 
     item = lora_run.checkpoints / str(STEPS[-1]) / "model_params"
     # Orbax writes _CHECKPOINT_METADATA per step, never per item: the warning it logs when it

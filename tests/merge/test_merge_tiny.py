@@ -344,8 +344,7 @@ def test_streamed_targets_are_bit_identical_to_a_naive_whole_tensor_merge(lora_r
     tensor loaded whole, float32(weight) + the whole delta, cast back."""
     import safetensors.numpy
 
-    from workloads.merge import lora_restore
-    from workloads.model import adapter_meta
+    from workloads.checkpoint import adapter_meta, lora_restore
 
     out, result = merged
     assert result.workers > 1 or os.cpu_count() == 1

@@ -55,7 +55,7 @@ def garbage_values(item: pathlib.Path, count: int = 16) -> str:
     import jax
     import orbax.checkpoint as ocp
 
-    from workloads.merge import lora_restore
+    from workloads.checkpoint import lora_restore
 
     name = max(lora_restore.read_item(str(item)).items(), key=lambda kv: kv[1].nbytes)[0]
     checkpointer = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())

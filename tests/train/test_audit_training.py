@@ -119,8 +119,8 @@ def test_every_remat_policy_gives_the_same_lora_gradients(tp2_lora_model):
     import numpy as np
     from flax import nnx
 
-    from workloads.model import gemma4
-    from workloads.train import lora, step
+    from workloads.model import gemma4, lora
+    from workloads.train import step
 
     lora_model, mesh = tp2_lora_model
     segment_ids = jnp.array([[1] * 5 + [2] * 9 + [0] * 2, [1] * 16], jnp.int32)
@@ -161,7 +161,8 @@ def test_adamw_moments_take_the_fitted_lora_shardings(tp2_lora_model):
     import optax
     from flax import nnx
 
-    from workloads.train import lora, step
+    from workloads.model import lora
+    from workloads.train import step
 
     lora_model, mesh = tp2_lora_model
     params = {path: var.get_value() for path, var in nnx.to_flat_state(lora.lora_state(lora_model))}
@@ -313,6 +314,7 @@ def test_checkpoints_every_n_steps_keep_the_last_k(tmp_path):
     from flax import nnx
     from tunix.sft import checkpoint_manager
 
+    from workloads.checkpoint import lora_restore
     from workloads.train import checkpoints
 
     class Adapter(nnx.Module):
@@ -327,7 +329,7 @@ def test_checkpoints_every_n_steps_keep_the_last_k(tmp_path):
         adapter.w.set_value(jnp.full(3, float(step)))
         manager.save(step, adapter, save_only_lora_params=True)
     manager.close()
-    assert checkpoints.saved_steps(root) == [6, 9]
+    assert lora_restore.saved_steps(root) == [6, 9]
 
 
 class _Toy:

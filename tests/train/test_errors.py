@@ -57,16 +57,16 @@ def test_tp_that_does_not_divide_the_global_kv_heads(config_for, tmp_path):
 
 
 def test_checkpoint_dir_from_a_different_lora_rank(reference_run, config_for):
-    from workloads.train import checkpoints
+    from workloads.checkpoint import lora_restore
 
     run_dir = reference_run.checkpoint_dir.rsplit("/", 1)[0]
-    before = checkpoints.saved_steps(reference_run.checkpoint_dir)
+    before = lora_restore.saved_steps(reference_run.checkpoint_dir)
     message = run_train(config_for(run_dir, lora={"rank": 8}))
     assert message == (
         f"{reference_run.checkpoint_dir}: holds LoRA checkpoints with rank 4 "
         "(run config: 8); use another train.output_dir or the same lora settings"
     )
-    assert checkpoints.saved_steps(reference_run.checkpoint_dir) == before
+    assert lora_restore.saved_steps(reference_run.checkpoint_dir) == before
 
 
 def test_checkpoints_without_lora_meta_are_refused(reference_run, config_for, tmp_path):

@@ -20,7 +20,7 @@ from workloads.common import errors, storage
 
 
 def same_weights(checkpoint_dir: str, reference_dir: str) -> float:
-    from workloads.merge import lora_restore
+    from workloads.checkpoint import lora_restore
 
     ours = lora_restore.restore_lora_params(checkpoint_dir, STEPS)
     reference = lora_restore.restore_lora_params(reference_dir, STEPS)
@@ -37,7 +37,8 @@ def metric_steps(run: str) -> list[int]:
 def test_a_gs_run_killed_after_a_checkpoint_resumes_to_the_same_weights(
     reference_run, config_for, gcs_bucket, tmp_path, capfd
 ):
-    from workloads.train import checkpoints, trainer
+    from workloads.checkpoint import lora_restore
+    from workloads.train import trainer
 
     run = f"{gcs_bucket}/run"
     cfg = config_for(run)
@@ -58,7 +59,7 @@ def test_a_gs_run_killed_after_a_checkpoint_resumes_to_the_same_weights(
             if proc.poll() is None:
                 proc.kill()
     log_text = (tmp_path / "train.log").read_text()
-    assert checkpoints.saved_steps(cfg.train.checkpoint_dir) == [SAVE_EVERY], log_text
+    assert lora_restore.saved_steps(cfg.train.checkpoint_dir) == [SAVE_EVERY], log_text
     assert storage.exists(f"{run}/train.lock")  # a SIGKILL cannot give it back
 
     capfd.readouterr()
@@ -87,7 +88,8 @@ def test_a_save_to_gs_cut_short_is_redone_from_the_previous_step(
     before and ends on the uninterrupted run's weights."""
     import pathlib
 
-    from workloads.train import checkpoints, trainer
+    from workloads.checkpoint import lora_restore
+    from workloads.train import trainer
 
     local = pathlib.Path(reference_run.checkpoint_dir).parent
     run = f"{gcs_bucket}/run"
@@ -109,7 +111,7 @@ def test_a_save_to_gs_cut_short_is_redone_from_the_previous_step(
     fs.rm_file(storage.filesystem(f"{run}/train_summary.json")[1])
 
     cfg = config_for(run)
-    assert checkpoints.saved_steps(cfg.train.checkpoint_dir) == [SAVE_EVERY]
+    assert lora_restore.saved_steps(cfg.train.checkpoint_dir) == [SAVE_EVERY]
     lines: list[str] = []
     result = trainer.train(cfg, log=lines.append)
     assert result.resumed_from == SAVE_EVERY and result.final_step == STEPS

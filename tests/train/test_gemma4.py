@@ -1,4 +1,4 @@
-"""workloads.model.gemma4 and workloads.train.lora: HF config -> tunix config, mesh checks, LoRA
+"""workloads.model.gemma4 and workloads.model.lora: HF config -> tunix config, mesh checks, LoRA
 specs."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def test_fit_spec_drops_axes_that_do_not_divide():
     import jax
 
     from workloads.model import gemma4 as model
-    from workloads.train import lora
+    from workloads.model import lora
 
     mesh = model.make_mesh(1, 2)
     assert lora.fit_spec(("fsdp", None), (64, 4), mesh) == ("fsdp", None)
@@ -98,7 +98,7 @@ def test_fit_spec_drops_axes_that_do_not_divide():
 def test_target_regex_matches_whole_module_names():
     import re
 
-    from workloads.train import lora
+    from workloads.model import lora
 
     regex = lora.target_regex(["k_einsum", "gate_proj"])
     assert re.fullmatch(regex, "layers/5/attn/k_einsum")
@@ -112,7 +112,7 @@ def test_lora_on_a_tp_mesh_shards_heads_and_fits(tiny_model_dir):
 
     from workloads.contract import runconfig
     from workloads.model import gemma4 as model
-    from workloads.train import lora
+    from workloads.model import lora
 
     mesh = model.make_mesh(1, 2)
     with mesh:

@@ -26,7 +26,7 @@ def poison_at(monkeypatch, optimizer_step: int, grad_accum: int = 2) -> None:
     import jax.numpy as jnp
     from flax import nnx
 
-    from workloads.train import lora
+    from workloads.model import lora
 
     real = lora.seed_dropout
 
@@ -48,7 +48,8 @@ def poison_at(monkeypatch, optimizer_step: int, grad_accum: int = 2) -> None:
 def test_a_nan_loss_stops_the_run_before_that_step_is_saved(
     reference_run, config_for, tmp_path, monkeypatch, bad_step
 ):
-    from workloads.train import checkpoints, guards, trainer
+    from workloads.checkpoint import lora_restore
+    from workloads.train import guards, trainer
 
     run = damage.copy_run(reference_run.checkpoint_dir, tmp_path / "run", keep=[SAVE_EVERY])
     poison_at(monkeypatch, bad_step)
@@ -59,7 +60,7 @@ def test_a_nan_loss_stops_the_run_before_that_step_is_saved(
     assert f"resumed from checkpoint step {SAVE_EVERY} in {run / 'checkpoints'}" in message
     assert "\n" not in message and info.value.exit_status == guards.EXIT_NON_FINITE == 3
     # Nothing of the NaN step or after it was saved; the checkpoint it resumed from is intact.
-    assert checkpoints.saved_steps(str(run / "checkpoints")) == [SAVE_EVERY]
+    assert lora_restore.saved_steps(str(run / "checkpoints")) == [SAVE_EVERY]
     assert not (run / "train_summary.json").exists()
     assert not (run / "train.lock").exists()  # given back on the way out
 
@@ -110,7 +111,8 @@ def test_disk_full_during_a_save_is_one_line_and_keeps_the_earlier_checkpoint(
 ):
     """ENOSPC injected where the checkpoint is written (runs everywhere; the tmpfs test below
     fills a real filesystem)."""
-    from workloads.train import checkpoints, step, trainer
+    from workloads.checkpoint import lora_restore
+    from workloads.train import step, trainer
 
     run = damage.copy_run(reference_run.checkpoint_dir, tmp_path / "run", keep=[SAVE_EVERY])
     real_save = step.SaveHook.save
@@ -127,7 +129,7 @@ def test_disk_full_during_a_save_is_one_line_and_keeps_the_earlier_checkpoint(
     assert message.startswith(f"{run / 'checkpoints'}: disk full while saving a checkpoint (")
     assert f"earlier checkpoints kept (steps: {SAVE_EVERY})" in message and "\n" not in message
     assert " free)" in message
-    assert checkpoints.saved_steps(str(run / "checkpoints")) == [SAVE_EVERY]
+    assert lora_restore.saved_steps(str(run / "checkpoints")) == [SAVE_EVERY]
 
 
 @pytest.mark.slow
@@ -142,7 +144,7 @@ def test_a_real_full_disk_during_a_save(reference_run, base_config, tmp_path):
     import shutil
     import sys
 
-    from workloads.train import checkpoints
+    from workloads.checkpoint import lora_restore
 
     mount = tmp_path / "small"
     if not mount_tmpfs(mount, "8m"):
@@ -169,7 +171,7 @@ def test_a_real_full_disk_during_a_save(reference_run, base_config, tmp_path):
         noise = [line for line in lines[:-1] if not line.startswith("train: ")]
         assert noise == [], proc.stderr[-3000:]
         assert lines[-1].startswith(f"error: {run / 'checkpoints'}: disk full while saving"), lines
-        assert checkpoints.saved_steps(str(run / "checkpoints")) == [SAVE_EVERY]
+        assert lora_restore.saved_steps(str(run / "checkpoints")) == [SAVE_EVERY]
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 

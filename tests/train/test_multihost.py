@@ -444,7 +444,7 @@ def _kill_host_1_once_saved(argv: list[str], log_dir: pathlib.Path, saved) -> fl
 
 
 def _worst_weight_diff(checkpoints: str, reference: str) -> float:
-    from workloads.merge import lora_restore
+    from workloads.checkpoint import lora_restore
 
     ours = lora_restore.restore_lora_params(checkpoints, STEPS)
     theirs = lora_restore.restore_lora_params(reference, STEPS)
@@ -482,8 +482,8 @@ def test_a_host_killed_mid_gs_run_and_all_resume_from_the_bucket_to_the_same_wei
     cache) in a gs:// bucket of the GCS protocol server, written by both hosts' Orbax through
     TensorStore's GCS driver. The restart resumes from the bucket's newest checkpoint and ends
     on the uninterrupted local 2-host run's weights (same data, mesh and settings)."""
+    from workloads.checkpoint import lora_restore
     from workloads.common import storage
-    from workloads.train import checkpoints
 
     run = f"{gcs_bucket}/run"
     config = slice_config(tmp_path, output_dir=run)
@@ -494,7 +494,7 @@ def test_a_host_killed_mid_gs_run_and_all_resume_from_the_bucket_to_the_same_wei
         lambda: storage.exists(f"{run}/checkpoints/{SAVE_EVERY}/commit_success.txt"),
     )
     assert gone_after < PEERS_GONE_WITHIN_S, gone_after
-    assert checkpoints.saved_steps(f"{run}/checkpoints") == [SAVE_EVERY, STEPS]
+    assert lora_restore.saved_steps(f"{run}/checkpoints") == [SAVE_EVERY, STEPS]
     summary = json.loads(storage.read_text(f"{run}/train_summary.json"))
     assert summary["resumed_from_step"] == SAVE_EVERY
     assert summary["checkpoint_steps"] == [SAVE_EVERY, STEPS]
@@ -529,9 +529,9 @@ def test_sigterm_on_one_host_stops_every_host_at_the_same_checkpointed_step(slic
             if proc.poll() is None:
                 proc.kill()
     assert codes == [143, 143], _log(tmp_path / "logs", 0)[-3000:]
-    from workloads.train import checkpoints
+    from workloads.checkpoint import lora_restore
 
-    saved = checkpoints.saved_steps(str(tmp_path / "run" / "checkpoints"))
+    saved = lora_restore.saved_steps(str(tmp_path / "run" / "checkpoints"))
     last = _metrics(tmp_path / "run")[-1]["step"]
     assert saved and saved[-1] == last < STEPS
 

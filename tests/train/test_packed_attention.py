@@ -126,8 +126,8 @@ def test_kernel_path_gives_the_dense_paths_losses_and_lora_gradients(lora_model,
     from flax import nnx
     from tunix.models.gemma4 import model as gemma4_model
 
-    from workloads.model import gemma4
-    from workloads.train import lora, packed_attention, step
+    from workloads.model import gemma4, lora
+    from workloads.train import packed_attention, step
 
     model, mesh = lora_model
     gemma4.set_remat(model, remat)

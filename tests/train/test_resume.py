@@ -19,7 +19,8 @@ from workloads.common import errors
 def test_a_damaged_latest_step_is_moved_aside_with_one_line(
     reference_run, config_for, tmp_path, kind
 ):
-    from workloads.train import checkpoints, resume
+    from workloads.checkpoint import lora_restore
+    from workloads.train import resume
 
     run = damage.copy_run(reference_run.checkpoint_dir, tmp_path / "run", keep=[SAVE_EVERY, STEPS])
     damage.damage(run / "checkpoints" / str(STEPS), kind)
@@ -36,7 +37,7 @@ def test_a_damaged_latest_step_is_moved_aside_with_one_line(
     # Kept for a look, out of Orbax's sight: a later save of that step cannot collide with it.
     (moved,) = (run / "damaged_checkpoints").iterdir()
     assert moved.name.startswith(f"{STEPS}-") and str(moved) in line
-    assert checkpoints.saved_steps(str(run / "checkpoints")) == [SAVE_EVERY]
+    assert lora_restore.saved_steps(str(run / "checkpoints")) == [SAVE_EVERY]
 
 
 def test_nan_values_name_the_item_and_the_count(reference_run, config_for, tmp_path):
@@ -71,7 +72,8 @@ def test_no_intact_checkpoint_is_one_line(reference_run, config_for, tmp_path):
 def test_missing_optimizer_state_is_an_error_unless_asked_for(reference_run, config_for, tmp_path):
     import shutil
 
-    from workloads.train import checkpoints, trainer
+    from workloads.checkpoint import lora_restore
+    from workloads.train import trainer
 
     run = damage.copy_run(reference_run.checkpoint_dir, tmp_path / "run", keep=[SAVE_EVERY])
     shutil.rmtree(run / "checkpoints" / str(SAVE_EVERY) / "optimizer_state")
@@ -92,14 +94,14 @@ def test_missing_optimizer_state_is_an_error_unless_asked_for(reference_run, con
     )
     assert result.resumed_from == SAVE_EVERY and result.final_step == SAVE_EVERY + 1
     assert any(line.startswith("note: ") and "fresh optimizer state" in line for line in lines)
-    assert checkpoints.saved_steps(str(run / "checkpoints")) == [SAVE_EVERY, SAVE_EVERY + 1]
+    assert lora_restore.saved_steps(str(run / "checkpoints")) == [SAVE_EVERY, SAVE_EVERY + 1]
 
 
 def test_a_nan_latest_checkpoint_resumes_from_the_previous_one_to_the_same_weights(
     reference_run, config_for, tmp_path
 ):
     """The issue's case: a bit-flipped latest checkpoint used to resume, train on NaN and exit 0."""
-    from workloads.merge import lora_restore
+    from workloads.checkpoint import lora_restore
     from workloads.train import trainer
 
     run = damage.copy_run(reference_run.checkpoint_dir, tmp_path / "run", keep=[SAVE_EVERY, STEPS])
@@ -170,7 +172,7 @@ def test_finite_garbage_in_the_latest_step_resumes_from_the_previous_one_to_the_
 ):
     """Issue #33: the latest step's LoRA data decode to finite values up to 2.4e37; the run used
     to take that step (finished: nothing to do, or trained on from it)."""
-    from workloads.merge import lora_restore
+    from workloads.checkpoint import lora_restore
     from workloads.train import trainer
 
     run = damage.copy_run(reference_run.checkpoint_dir, tmp_path / "run", keep=[SAVE_EVERY, STEPS])
@@ -196,7 +198,7 @@ def test_finite_garbage_in_the_latest_step_resumes_from_the_previous_one_to_the_
 def test_flipped_bytes_of_a_data_file_are_named(reference_run, tmp_path):
     """64 inverted bytes in the latest step's largest data file: the manifest names the file,
     whatever the bytes decode to."""
-    from workloads.train import checksums
+    from workloads.checkpoint import checksums
 
     run = damage.copy_run(reference_run.checkpoint_dir, tmp_path / "run", keep=[STEPS])
     step_dir = run / "checkpoints" / str(STEPS)
@@ -217,7 +219,7 @@ def resume_problem(run: pathlib.Path, step: int) -> str | None:
 def test_every_file_of_a_saved_step_is_in_its_manifest(reference_run):
     import json as json_lib
 
-    from workloads.train import checksums
+    from workloads.checkpoint import checksums
 
     for step in (SAVE_EVERY, STEPS):
         step_dir = pathlib.Path(reference_run.checkpoint_dir) / str(step)
@@ -236,7 +238,8 @@ def test_a_step_saved_by_an_earlier_version_is_accepted_with_a_notice(
     reference_run, config_for, tmp_path
 ):
     """No manifest and no mark in _CHECKPOINT_METADATA: what earlier versions saved."""
-    from workloads.train import checksums, resume
+    from workloads.checkpoint import checksums
+    from workloads.train import resume
 
     run = damage.copy_run(reference_run.checkpoint_dir, tmp_path / "run", keep=[SAVE_EVERY, STEPS])
     step_dir = run / "checkpoints" / str(STEPS)

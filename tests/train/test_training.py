@@ -189,8 +189,7 @@ def test_restarting_a_finished_run_changes_nothing(reference_run, config_for):
 def test_sigkill_then_restart_resumes_and_matches_uninterrupted_run(
     reference_run, config_for, tmp_path, capfd
 ):
-    from workloads.merge import lora_restore
-    from workloads.train import checkpoints as checkpoints_lib
+    from workloads.checkpoint import lora_restore
     from workloads.train import metrics, trainer
 
     cfg = config_for(tmp_path / "run")
@@ -213,7 +212,7 @@ def test_sigkill_then_restart_resumes_and_matches_uninterrupted_run(
         if proc.poll() is None:
             proc.kill()
         log.close()
-    assert checkpoints_lib.saved_steps(str(checkpoints)) == [SAVE_EVERY], (
+    assert lora_restore.saved_steps(str(checkpoints)) == [SAVE_EVERY], (
         tmp_path / "train.log"
     ).read_text()
     assert not (tmp_path / "run" / "train_summary.json").exists()
@@ -260,7 +259,7 @@ def test_sigkill_then_restart_resumes_and_matches_uninterrupted_run(
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_143(config_for, tmp_path):
-    from workloads.train import checkpoints as checkpoints_lib
+    from workloads.checkpoint import lora_restore
     from workloads.train import metrics, trainer
 
     cfg = config_for(tmp_path / "run")  # the reference config: its train step is compiled already
@@ -276,7 +275,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(config_for, tmp_path):
     assert result.interrupted and result.exit_status == 143
     assert SAVE_EVERY <= result.final_step < STEPS
     # The final save happened at the step it stopped, not only at the last interval.
-    assert checkpoints_lib.saved_steps(str(checkpoints))[-1] == result.final_step
+    assert lora_restore.saved_steps(str(checkpoints))[-1] == result.final_step
     assert not (tmp_path / "run" / "train_summary.json").exists()
     assert signal.getsignal(signal.SIGTERM) is handler_before
     (segment,) = metrics.read_segments(str(tmp_path / "run")).values()
@@ -306,7 +305,7 @@ def test_sigkill_at_a_random_moment_then_restart_ends_on_the_same_weights(
     run's weights, with every step logged once and no lock left behind."""
     import random
 
-    from workloads.merge import lora_restore
+    from workloads.checkpoint import lora_restore
     from workloads.train import trainer
 
     cfg = config_for(tmp_path / "run")

@@ -46,7 +46,8 @@ def test_chunked_loss_and_gradients_equal_the_whole_logits(lora_model, monkeypat
     import jax.numpy as jnp
     from flax import nnx
 
-    from workloads.train import lora, step, vocab_loss
+    from workloads.model import lora
+    from workloads.train import step, vocab_loss
 
     model, mesh = lora_model
     monkeypatch.setattr(vocab_loss, "CHUNK_POSITIONS", chunk)

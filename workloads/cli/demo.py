@@ -294,9 +294,10 @@ def _train_on_hosts(
     import signal
     import sys
 
-    from workloads.train import checkpoints, trainer
+    from workloads.checkpoint import lora_restore
     from workloads.train import hosts as hosts_lib
     from workloads.train import metrics as metrics_lib
+    from workloads.train import trainer
 
     argv = [sys.executable, "-m", "workloads", "train", "--config", str(config_path)]
     log_dir = str(workdir / "hosts")
@@ -326,7 +327,7 @@ def _train_on_hosts(
     codes = run(half)
     if any(code not in (0, trainer.EXIT_PREEMPTED) for code in codes):
         raise RuntimeError(f"a host failed (exit statuses {codes}); see {log_dir}/host<i>.log")
-    stopped = max(checkpoints.saved_steps(cfg.train.checkpoint_dir), default=0)
+    stopped = max(lora_restore.saved_steps(cfg.train.checkpoint_dir), default=0)
     say(
         f"{tag} SIGTERM to host {hosts - 1}: every host stopped at step {stopped} (exit statuses "
         f"{codes}); starting all {hosts} again ..."

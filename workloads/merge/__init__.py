@@ -15,6 +15,7 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from workloads.checkpoint import adapter_meta
 from workloads.common import errors, storage
 from workloads.contract import runconfig
 from workloads.merge.verify import (
@@ -24,7 +25,6 @@ from workloads.merge.verify import (
     read_merge_metadata,
     verify_merged,
 )
-from workloads.model import adapter_meta
 
 if TYPE_CHECKING:
     from workloads.merge.mapping import Rule
@@ -152,14 +152,14 @@ def _check_base_config(base: str, meta: adapter_meta.AdapterMeta) -> None:
 
 
 def _check_step_bytes(checkpoint: str, step: int, notes: list[str]) -> None:
-    """The step's files must match the checksums it was saved with (workloads.train.checksums):
+    """The step's files must match the checksums it was saved with (workloads.checkpoint.checksums):
     a flipped byte can decode to finite garbage that no later check of the factors sees. A step
     saved by an earlier version (no manifest) is merged with a note.
 
     Raises:
         errors.UserError: a file is missing or differs from its checksum, named in one line.
     """
-    from workloads.train import checksums
+    from workloads.checkpoint import checksums
 
     step_dir = runconfig.join(checkpoint, str(step))
     # The merge reads the LoRA factors only: a step without optimizer state is merged as it is.
@@ -214,7 +214,8 @@ def merge_lora(
             a checkpoint file that differs from its checksum, NaN/Inf in the LoRA factors or in
             a merged tensor, a delta far beyond its base tensor's scale).
     """
-    from workloads.merge import lora_restore, mapping, stream
+    from workloads.checkpoint import lora_restore
+    from workloads.merge import mapping, stream
     from workloads.merge import safetensors_io as st
 
     try:

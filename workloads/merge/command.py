@@ -87,8 +87,9 @@ def _already_merged(args: argparse.Namespace) -> str | None:
     Returns:
         A message when the output already holds that merge, else None.
     """
-    from workloads.merge import lora_restore, verify
+    from workloads.checkpoint import lora_restore
     from workloads.merge import safetensors_io as st
+    from workloads.merge import verify
 
     if not args.config or args.overwrite:
         return None

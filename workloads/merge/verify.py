@@ -311,9 +311,8 @@ def restore_lora(
     import orbax.checkpoint as ocp
     from tunix.sft import checkpoint_manager
 
-    from workloads.merge import lora_restore
-    from workloads.model import adapter_meta
-    from workloads.train import lora
+    from workloads.checkpoint import adapter_meta, lora_restore
+    from workloads.model import lora
 
     checkpoint = lora_restore.find_checkpoint_dir(checkpoint)
     meta = adapter_meta.read(checkpoint)

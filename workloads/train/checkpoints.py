@@ -1,5 +1,6 @@
-"""The run's checkpoint directory: finished steps, the adapter settings it was written with, and
-when checkpoints are saved.
+"""The trainer's side of the run's checkpoint directory: the adapter settings it was written with
+must be the run's, and when checkpoints are saved. The format itself (layout, lora_meta.json,
+checksums, finished steps) is workloads.checkpoint's, which the merge reads too.
 
 Checkpoints are PeftTrainer's (LoRA params + optimizer state) every `train.save_every` steps,
 keeping `train.keep_checkpoints`; a restarted run resumes from the latest one.
@@ -10,18 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from workloads.checkpoint import adapter_meta, lora_restore
 from workloads.common import errors, storage
 from workloads.contract import runconfig
-from workloads.model import adapter_meta
-
-
-def saved_steps(checkpoint_dir: str) -> list[int]:
-    """Finished checkpoint steps in a checkpoint dir (half-written temporary ones excluded)."""
-    import orbax.checkpoint as ocp
-
-    if not storage.exists(checkpoint_dir):
-        return []
-    return sorted(ocp.utils.checkpoint_steps(checkpoint_dir))
 
 
 def check_checkpoint_dir(cfg: runconfig.RunConfig) -> bool:
@@ -49,7 +41,7 @@ def check_checkpoint_dir(cfg: runconfig.RunConfig) -> bool:
                 "train.output_dir or the same lora settings"
             )
         return True
-    if saved_steps(ckpt):
+    if lora_restore.saved_steps(ckpt):
         raise errors.UserError(
             f"{ckpt}: has checkpoints but no {adapter_meta.FILENAME}; refusing to resume from "
             "adapters of unknown rank/alpha/targets (use another train.output_dir)"
@@ -63,7 +55,7 @@ def options(
     """Every `save_every` steps (and when JAX reports a preemption), keeping `keep_checkpoints`.
 
     `on_finalized` runs on the primary process once a step's files are all written, before the
-    step is committed (workloads.train.checksums writes the step's manifest there).
+    step is committed (workloads.checkpoint.checksums writes the step's manifest there).
 
     The policy is spelled out because Orbax's default for `save_interval_steps` also saves the
     first step of a fresh run, which would take one of the kept slots for an untrained adapter.

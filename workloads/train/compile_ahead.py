@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 from workloads.common import errors, stage_records
 from workloads.contract import runconfig
 from workloads.model import gemma4
+from workloads.model import lora as lora_lib
 from workloads.train import compile_step, packed_attention
-from workloads.train import lora as lora_lib
 from workloads.train import step as step_lib
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ import numpy as np
 from workloads.common import errors
 from workloads.contract import catalog, runconfig
 from workloads.model import gemma4
-from workloads.train import lora as lora_lib
+from workloads.model import lora as lora_lib
 from workloads.train import packed_attention
 from workloads.train import step as step_lib
 

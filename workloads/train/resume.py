@@ -1,9 +1,9 @@
 """Which checkpoint a restarted run resumes from: the newest intact one.
 
 Before PeftTrainer restores the latest step, every step from the newest down is read onto the
-host the way the merge reads it (workloads.merge.lora_restore.read_item) and checked: Orbax's
+host the way the merge reads it (workloads.checkpoint.lora_restore.read_item) and checked: Orbax's
 step metadata is there, both items (`model_params`, `optimizer_state`) read back and hold no
-NaN or Inf, and every file matches the step's checksum manifest (workloads.train.checksums). A
+NaN or Inf, and every file matches the step's checksum manifest (workloads.checkpoint.checksums). A
 damaged step (truncated or missing file, missing metadata or manifest, values that are not
 finite, bytes that differ from their checksum) is moved aside to
 `<output_dir>/damaged_checkpoints/` (kept for a look, never deleted) with one line, and the next
@@ -30,10 +30,10 @@ import json
 import pathlib
 from collections.abc import Callable
 
+from workloads.checkpoint import checksums, lora_restore
 from workloads.common import errors, storage
 from workloads.contract import runconfig
-from workloads.merge import lora_restore
-from workloads.train import checkpoints, checksums, runlock
+from workloads.train import runlock
 
 MODEL_ITEM = "model_params"
 OPTIMIZER_ITEM = "optimizer_state"
@@ -54,7 +54,7 @@ def remove_partial_saves(checkpoint_dir: str) -> list[str]:
     if not storage.exists(checkpoint_dir):
         return []
     fs, root = storage.filesystem(checkpoint_dir)
-    finished = set(checkpoints.saved_steps(checkpoint_dir))
+    finished = set(lora_restore.saved_steps(checkpoint_dir))
     remote = storage.is_remote(checkpoint_dir)
     removed = []
     for entry in fs.ls(root, detail=False):
@@ -88,7 +88,7 @@ def step_problem(
 ) -> tuple[str | None, bool]:
     """(what is wrong with checkpoint `step`, None when intact; whether it has optimizer state).
 
-    Last, its files are checked against its checksum manifest (workloads.train.checksums): a
+    Last, its files are checked against its checksum manifest (workloads.checkpoint.checksums): a
     flipped byte can decode to finite values that the checks above pass. A step saved by an
     earlier version, with no manifest, passes with a notice to `log`.
     """
@@ -189,7 +189,7 @@ def choose_step(
             log(f"removed {runconfig.join(checkpoint_dir, name)}: a save that never completed")
         for name in remove_stray_temporaries(checkpoint_dir):
             log(f"removed {runconfig.join(checkpoint_dir, name)}: a write that never completed")
-    steps = checkpoints.saved_steps(checkpoint_dir)
+    steps = lora_restore.saved_steps(checkpoint_dir)
     damaged: list[str] = []
     for step in reversed(steps):
         problem = fence_problem(checkpoint_dir, step, steps)

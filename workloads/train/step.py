@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import flax.struct
 
+from workloads.checkpoint import checksums
 from workloads.contract import runconfig
-from workloads.train import checkpoints, checksums, packed_attention, vocab_loss
+from workloads.train import checkpoints, packed_attention, vocab_loss
 
 if TYPE_CHECKING:
     import jax
@@ -146,7 +147,7 @@ def make_optimizer(
 class SaveHook:
     """PeftTrainer's checkpoint manager with a hook called with (step, force) before every save
     attempt (the trainer records its run segment there); everything else goes to the manager.
-    Every step saved is marked as carrying a checksum manifest (workloads.train.checksums), and
+    Every step saved is marked as carrying a checksum manifest (workloads.checkpoint.checksums), and
     carries `custom_metadata` in its step metadata (the run lock's fencing token)."""
 
     def __init__(self, manager: Any):
@@ -286,7 +287,7 @@ def make_trainer(
     import jax
     from tunix.sft import peft_trainer
 
-    # Each saved step's checksums, written as Orbax finalizes it (workloads.train.checksums).
+    # Each saved step's checksums, written as Orbax finalizes it (workloads.checkpoint.checksums).
     on_finalized = (
         checksums.ManifestWriter(checkpoint_dir, primary=jax.process_index() == 0)
         if checkpoint_dir is not None

@@ -29,9 +29,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from workloads.checkpoint import adapter_meta, lora_restore
 from workloads.common import disk_space, errors, logs, stage_records, storage
 from workloads.contract import catalog, runconfig
-from workloads.model import adapter_meta, base_weights, gemma4, parallel_load
+from workloads.model import base_weights, gemma4, parallel_load
+from workloads.model import lora as lora_lib
 from workloads.train import (
     checkpoints,
     compile_ahead,
@@ -42,7 +44,6 @@ from workloads.train import (
     runlock,
     step,
 )
-from workloads.train import lora as lora_lib
 from workloads.train import metrics as metrics_lib
 from workloads.train import stream as stream_lib
 
@@ -389,7 +390,7 @@ def _disk_full(train_cfg: runconfig.TrainingRunSection) -> errors.UserError:
     ckpt = train_cfg.checkpoint_dir
     with contextlib.suppress(OSError):  # its writer threads may still be at it
         resume.remove_partial_saves(ckpt)
-    return guards.disk_full_error(ckpt, checkpoints.saved_steps(ckpt))
+    return guards.disk_full_error(ckpt, lora_restore.saved_steps(ckpt))
 
 
 def _set_up(
@@ -466,7 +467,7 @@ def _set_up_locked(
         with stage_log.stage("data"):
             data = load_data(cfg, str(model_dir))
     total_steps = total_optimizer_steps(cfg, data)
-    done = checkpoints.saved_steps(train_cfg.checkpoint_dir)
+    done = lora_restore.saved_steps(train_cfg.checkpoint_dir)
     if (
         done
         and done[-1] >= total_steps
@@ -763,7 +764,7 @@ def _summarise(prepared: _Prepared, loop: _Loop, log: Callable[[str], None]) -> 
         prepared.lock.check()
     cfg, train_cfg = prepared.cfg, prepared.cfg.train
     final_step = loop.trainer.train_steps
-    ckpt_steps = checkpoints.saved_steps(train_cfg.checkpoint_dir)
+    ckpt_steps = lora_restore.saved_steps(train_cfg.checkpoint_dir)
     log(
         f"checkpoints in {train_cfg.checkpoint_dir}: steps "
         f"{', '.join(map(str, ckpt_steps)) or 'none'}"

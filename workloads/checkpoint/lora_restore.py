@@ -12,9 +12,9 @@ import logging
 
 import numpy as np
 
+from workloads.checkpoint import adapter_meta
 from workloads.common import errors, storage
 from workloads.contract import runconfig
-from workloads.model import adapter_meta
 
 ITEM = "model_params"
 
@@ -34,17 +34,25 @@ def find_checkpoint_dir(path: str) -> str:
     )
 
 
+def saved_steps(checkpoint_dir: str) -> list[int]:
+    """Finished checkpoint steps in a checkpoint dir (half-written temporary ones excluded); none
+    when the directory does not exist (a run that has not saved yet)."""
+    import orbax.checkpoint as ocp
+
+    if not storage.exists(checkpoint_dir):
+        return []
+    return sorted(ocp.utils.checkpoint_steps(checkpoint_dir))
+
+
 def list_steps(checkpoint_dir: str) -> list[int]:
     """Finalized checkpoint steps under `checkpoint_dir` (temporary, half-written ones excluded).
 
     Raises:
         errors.UserError: the directory does not exist.
     """
-    import orbax.checkpoint as ocp
-
     if not storage.exists(checkpoint_dir):
         raise errors.UserError(f"{checkpoint_dir}: checkpoint directory not found")
-    return sorted(ocp.utils.checkpoint_steps(checkpoint_dir))
+    return saved_steps(checkpoint_dir)
 
 
 def resolve_step(checkpoint_dir: str, step: int | None) -> int:
