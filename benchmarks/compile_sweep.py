@@ -5,7 +5,8 @@
 For each slice, attention path (dense mask or splash kernel), mesh (fsdp x tp), micro-batch and
 remat policy in SETTINGS, the prod stack's 31B LoRA step (8 rows per optimizer step) is compiled
 for the slice's topology (the v5p-8, and the multi-host v5p-16 and v5p-32) with libtpu's
-compile-only client at reduced depths and extrapolated to 60 layers (infra/ops/compile_check.py).
+compile-only client at reduced depths and extrapolated to 60 layers
+(infra/preflight/compile_check.py).
 Prints a Markdown table: per-chip peak HBM, the estimated time per micro-step as a band (XLA's
 cost model with the attention kernels, which XLA does not see, at 80% of peak; XLA's part
 calibrated on the paper's measured step with the kernels at 50%; their geometric mean in the
@@ -28,7 +29,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from infra.config import model as config
 from infra.config import stack_config
-from infra.ops import compile_check
+from infra.preflight import compile_check
 from workloads.contract import catalog
 
 # (accelerator, fsdp, tp, micro-batch, remat, attention): tunix's dense-mask attention at the

@@ -3,7 +3,8 @@ as it was (a module moved, an import or a type name renamed, code outside the tr
 
     .venv/bin/python benchmarks/rekey_compile_results.py OLD_REV [--dry-run]
 
-A result in .compile-check/ is keyed by a hash of the step's sources (infra/ops/compile_check.py,
+A result in .compile-check/ is keyed by a hash of the step's sources
+(infra/preflight/compile_check.py,
 STEP_SOURCES), so any edit of those files, even one that XLA never sees, orphans it, and compiling
 every committed setting again costs about an hour of two cores. This script lowers the training
 step at 6 layers (jit(...).lower(): the program XLA would compile, without compiling it) for every
@@ -51,7 +52,11 @@ def lower_here(tree: pathlib.Path, names: list[str] | None) -> None:
     import compile_sweep  # the tree's own sweep settings
 
     from infra.config import stack_config
-    from infra.ops import compile_check
+
+    try:
+        from infra.preflight import compile_check
+    except ImportError:  # a tree from before preflight had its own folder (infra/ops/)
+        from infra.ops import compile_check  # type: ignore[no-redef]
     from workloads.train import compile_step
 
     class Lowered(Exception):  # carries the result out of compile_train_step

@@ -16,7 +16,7 @@ each compile in its own process:
   optimisation). Whether XLA's cost model sees them at all is the question.
 Printed per lever: peak HBM per chip, XLA's FLOPs (kernels as they run), XLA's step-time
 estimate, and the collectives of one micro-step read from the compiled HLO
-(infra/ops/hlo_collectives.py: counts, buffer bytes, ring bytes per chip), then the change
+(infra/preflight/hlo_collectives.py: counts, buffer bytes, ring bytes per chip), then the change
 against the baseline. With two depths the per-layer slope is extrapolated to the model's depth.
 
 A fourth lever is counted, not compiled: `segment-skip`, skipping kernel blocks across packed
@@ -46,7 +46,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from infra.config import stack_config
-from infra.ops import compile_check, hlo_collectives
+from infra.preflight import compile_check, hlo_collectives
 from workloads.contract import catalog
 
 ROOT = compile_check.ROOT

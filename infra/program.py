@@ -30,7 +30,8 @@ from infra.components import workloads as workloads_mod
 from infra.config import model as config_mod
 from infra.config import runconfig_render, stack_config, validation
 from infra.config.labels import base_labels, tpu_scope
-from infra.ops import compile_check, release_record
+from infra.ops import release_record
+from infra.preflight import compile_check
 from workloads.common import errors
 from workloads.contract import catalog, runconfig
 

@@ -2,7 +2,8 @@
 
 Deliberately simple sums, each documented next to the numbers it uses, and on the safe side:
 infra/config/validation.py refuses a stack whose estimate exceeds the catalog's capacity, and the
-deviceless compile check (infra/ops/compile_check.py) gives XLA's own figure for the training step.
+deviceless compile check (infra/preflight/compile_check.py) gives XLA's own figure for the training
+step.
 """
 
 from __future__ import annotations

@@ -1,2 +1,2 @@
-"""What an operator runs: `python -m infra.ops` (status, cost, logs, recover, ...), preflight and
-the deviceless compile check, and the stack client they share."""
+"""What an operator runs: `python -m infra.ops` (status, cost, logs, recover, ...), and the stack
+client that it and preflight (infra.preflight, the floor above) share."""

@@ -51,7 +51,7 @@ def test_segment_aware_count_matches_the_dense_mask(seed):
 
 
 def test_the_report_reads_cached_results_without_compiling(tmp_path, monkeypatch, capsys):
-    from infra.ops import compile_check
+    from infra.preflight import compile_check
 
     monkeypatch.setattr(compile_check, "LEVER_DIR", tmp_path)
     monkeypatch.setattr(
@@ -111,7 +111,7 @@ def test_the_benchmarks_page_quotes_the_committed_lever_results():
     """The levers table of docs/benchmarks.md is what step_levers prints from the committed
     results of today's step (after a change of the step, re-run `benchmarks/step_levers.py
     --depths 6,12` and commit what it writes to .compile-check/levers/)."""
-    from infra.ops import compile_check
+    from infra.preflight import compile_check
 
     key = compile_check.cache_key(compile_check.step_settings(step_levers.stack("prod")))
     page = (compile_check.ROOT / "docs" / "benchmarks.md").read_text()

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from infra.ops import cli as ops
-from infra.ops import preflight
+from infra.preflight import checks as preflight
 from workloads import cli
 from workloads.common import cli_options
 from workloads.train import guards

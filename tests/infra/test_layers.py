@@ -1,7 +1,10 @@
 """infra/'s folders depend one way: each imports only folders below it (and infra/errors.py).
 
-The order, bottom to top, is LAYERS; the modules at infra/'s top level (program.py, preflight.py,
-__main__.py and the shims of moved provider modules) may import any folder. A new folder must be
+The order, bottom to top, is LAYERS; the modules at infra/'s top level (program.py, __main__.py
+and the shims of moved provider modules) may import any folder. preflight/ stands above ops/:
+its checks read the stack through ops' stack client (and the IAM check reads the roles the
+components declare), while nothing in ops needs preflight (program.py, at the top, reads the
+compile check's cached verdict). A new folder must be
 given its place here; an import that runs back up fails this test with the importing file.
 """
 
@@ -12,7 +15,7 @@ import pathlib
 
 INFRA = pathlib.Path(__file__).parents[2] / "infra"
 # Bottom to top. errors.py is a module, not a folder: every layer may raise its classes.
-LAYERS = ("errors", "config", "vm", "remote", "tpu", "resources", "components", "ops")
+LAYERS = ("errors", "config", "vm", "remote", "tpu", "resources", "components", "ops", "preflight")
 TOP = len(LAYERS)
 
 

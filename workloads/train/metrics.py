@@ -4,7 +4,8 @@ Stdout lines are plain text (no progress bar, no carriage returns) so they read 
 terminal, in `journalctl` and in a CI log. For a gs:// run directory the files are written to a
 local mirror and uploaded when a checkpoint is saved and at the end (GCS objects cannot be
 appended to). Throughput is real (non-padding) and computed tokens/s, the measured
-counterparts of the compile check's estimate (infra/ops/compile_check.py); no "6N MFU" is logged:
+counterparts of the compile check's estimate (infra/preflight/compile_check.py); no "6N MFU" is
+logged:
 6 FLOPs per parameter and token overstate a LoRA step, which computes no frozen-weight gradients.
 Each training process also keeps its segment (steps, wall and compile time, tokens) in
 `segments/`, so the run summary totals a preempted and resumed run over all its processes.

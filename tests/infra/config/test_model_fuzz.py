@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infra.config import reference as config_reference
-from infra.ops import compile_check
+from infra.preflight import compile_check
 from tests.fixtures import pulumi_mocks
 
 TOKEN = "hf_TEST_SECRET_3f9a1c7e5b2d4068a1b2c3d4e5f60718"
@@ -51,7 +51,7 @@ WRONG_SHAPES = ({"nested": 1}, ["x", "y"], None, True)
 @pytest.fixture(autouse=True, scope="module")
 def no_compile_check_results(tmp_path_factory):
     """The program also gates on cached compile-check results; the schema walk is about the
-    config alone, so it sees none (tests/infra/ops/test_compile_check.py covers the gate)."""
+    config alone, so it sees none (tests/infra/preflight/test_compile_check.py covers the gate)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(compile_check, "CACHE_DIR", tmp_path_factory.mktemp("no-compile-results"))
         yield

@@ -1,4 +1,4 @@
-"""Preflight's IAM check (infra/ops/iam_preflight.py) against a local HTTP server that answers
+"""Preflight's IAM check (infra/preflight/iam.py) against a local HTTP server that answers
 IAM's permissions:queryTestablePermissions as Google's does (JSON pages, error bodies), reached
 through the same endpoint setting and a real requests session."""
 
@@ -16,9 +16,11 @@ import requests
 
 from infra.components import recovery
 from infra.config import iam_catalogue, stack_config
-from infra.ops import iam_preflight, preflight, release_record
+from infra.ops import release_record
+from infra.preflight import checks as preflight
+from infra.preflight import iam as iam_preflight
 from tests.fixtures import pulumi_mocks
-from tests.infra.ops.test_preflight import _healthy as healthy_tpu
+from tests.infra.preflight.test_checks import _healthy as healthy_tpu
 
 PROJECT = "my-project-1"
 

@@ -11,7 +11,8 @@ import pulumi
 import pytest
 
 from infra.config import stack_config
-from infra.ops import compile_check, preflight
+from infra.preflight import checks as preflight
+from infra.preflight import compile_check
 from tests.fixtures import pulumi_mocks
 from workloads.contract import catalog
 

@@ -1,9 +1,9 @@
 """`python -m infra.preflight`: the read-only checks before `pulumi up` and the deviceless
-compile check (infra/ops/preflight.py)."""
+compile check (infra/preflight/checks.py)."""
 
 import sys
 
-from infra.ops.preflight import main
+from infra.preflight.checks import main
 
 if __name__ == "__main__":
     sys.exit(main())

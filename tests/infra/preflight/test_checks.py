@@ -8,7 +8,7 @@ from google.api_core import exceptions
 from google.cloud import tpu_v2
 
 from infra.config import stack_config
-from infra.ops import preflight
+from infra.preflight import checks as preflight
 from tests.fixtures import pulumi_mocks
 
 PROJECT = "my-project-1"

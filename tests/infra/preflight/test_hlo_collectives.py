@@ -1,5 +1,5 @@
-"""infra/ops/hlo_collectives.py on programs XLA really compiled (2 CPU devices), and on HLO text
-shapes the CPU backend does not print (async pairs, loops bounded only by their condition or
+"""infra/preflight/hlo_collectives.py on programs XLA really compiled (2 CPU devices), and on HLO
+text shapes the CPU backend does not print (async pairs, loops bounded only by their condition or
 not at all, the forms of replica groups)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pathlib
 
 import pytest
 
-from infra.ops import hlo_collectives
+from infra.preflight import hlo_collectives
 
 ROWS, COLS, TRIPS = 512, 128, 5
 

@@ -7,11 +7,12 @@ For every TPU VM of the stack: the accelerator type and the runtime version are 
 configured zone, and no node of the same name is left in PREEMPTED state (a preempted spot node
 is not restarted by anything and blocks re-creation). It also refuses the placeholders of the
 checked-in stack files, and asks IAM whether the project can hold every permission of the
-stack's custom roles (infra/ops/iam_preflight.py; not reaching IAM is a warning). It changes
+stack's custom roles (infra/preflight/iam.py; not reaching IAM is a warning). It changes
 nothing and ends with one verdict line.
 
 `--compile` instead compiles the stack's training step for its TPU topology on this machine, with
-no TPU and no cloud calls (infra/ops/compile_check.py): per-chip peak HBM, FLOPs, XLA's estimated
+no TPU and no cloud calls (infra/preflight/compile_check.py): per-chip peak HBM, FLOPs, XLA's
+estimated
 step time as a band, the real tokens/s and share of the chips' peak it implies, and whether the
 step fits.
 """
@@ -29,7 +30,8 @@ from typing import Any, Protocol
 
 from infra.config import model as config_mod
 from infra.config import sizing, stack_config, validation
-from infra.ops import compile_check, iam_preflight, stack_client
+from infra.ops import stack_client
+from infra.preflight import compile_check, iam
 from infra.tpu import api as tpu_api
 from workloads.common import cli_options
 from workloads.contract import catalog
@@ -238,7 +240,7 @@ def run_preflight(
     client_factory: Callable[[], TpuReads],
     *,
     has_hf_token: bool | None = None,
-    iam_session_factory: Callable[[], iam_preflight.Session] | None = None,
+    iam_session_factory: Callable[[], iam.Session] | None = None,
     warn: Callable[[str], None] = print,
 ) -> list[Check]:
     """Every check of a validated config, in order. The client is created only when the
@@ -250,7 +252,7 @@ def run_preflight(
     if cfg.project == config_mod.PLACEHOLDER_PROJECT:
         return checks  # the API calls would only fail on a project that does not exist
     if iam_session_factory is not None:
-        report = iam_preflight.check_roles(cfg, iam_session_factory)
+        report = iam.check_roles(cfg, iam_session_factory)
         for line in report.warnings:
             warn(f"WARN  {line}")
         checks += [Check(ok, line) for ok, line in report.checks]
@@ -362,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(
     argv: list[str] | None = None,
     client_factory: Callable[[], TpuReads] = _real_client,
-    iam_session_factory: Callable[[], iam_preflight.Session] = iam_preflight.google_session,
+    iam_session_factory: Callable[[], iam.Session] = iam.google_session,
 ) -> int:
     """Exit status: 0 = all checks passed, 1 = a check failed, 2 = the stack config is invalid."""
     args = build_parser().parse_args(argv)
