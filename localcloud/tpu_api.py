@@ -375,19 +375,22 @@ class TpuApiServer:
     # -- nodes -------------------------------------------------------------------------------
 
     def _node(self, name: str) -> dict[str, Any]:
-        node = self.nodes.get(name)
-        if node is None:
-            raise not_found(name)
-        return node
+        return _found(self.nodes, name)
+
+    def _copy(self, table: dict[str, dict[str, Any]], name: str) -> dict[str, Any]:
+        with self._lock:
+            return copy.deepcopy(_found(table, name))
+
+    def _listing(self, table: dict[str, dict[str, Any]], parent: str, key: str) -> dict[str, Any]:
+        with self._lock:
+            found = [copy.deepcopy(v) for k, v in table.items() if k.startswith(parent + "/")]
+        return {key: found}
 
     def _nodes_get(self, *, name: str, **_: Any) -> dict[str, Any]:
-        with self._lock:
-            return copy.deepcopy(self._node(name))
+        return self._copy(self.nodes, name)
 
     def _nodes_list(self, *, parent: str, **_: Any) -> dict[str, Any]:
-        with self._lock:
-            found = [copy.deepcopy(n) for k, n in self.nodes.items() if k.startswith(parent + "/")]
-        return {"nodes": found}
+        return self._listing(self.nodes, parent, "nodes")
 
     def _nodes_create(
         self,
@@ -531,20 +534,11 @@ class TpuApiServer:
 
     # -- queued resources --------------------------------------------------------------------
 
-    def _queued(self, name: str) -> dict[str, Any]:
-        queued = self.queued.get(name)
-        if queued is None:
-            raise not_found(name)
-        return queued
-
     def _queuedResources_get(self, *, name: str, **_: Any) -> dict[str, Any]:
-        with self._lock:
-            return copy.deepcopy(self._queued(name))
+        return self._copy(self.queued, name)
 
     def _queuedResources_list(self, *, parent: str, **_: Any) -> dict[str, Any]:
-        with self._lock:
-            found = [copy.deepcopy(q) for k, q in self.queued.items() if k.startswith(parent + "/")]
-        return {"queuedResources": found}
+        return self._listing(self.queued, parent, "queuedResources")
 
     def _queuedResources_create(
         self,
@@ -610,7 +604,7 @@ class TpuApiServer:
     ) -> dict[str, Any]:
         force = query.get("force", "").lower() == "true"
         with self._lock:
-            queued = self._queued(name)
+            queued = _found(self.queued, name)
             nodes = [n for n in self.nodes.values() if n.get("queuedResource") == name]
             if nodes and not force:
                 raise ApiError(
@@ -651,6 +645,14 @@ class TpuApiServer:
 
     def _locations_get(self, *, name: str, zone: str, **_: Any) -> dict[str, Any]:
         return {"name": name, "locationId": zone}
+
+
+def _found(table: dict[str, dict[str, Any]], name: str) -> dict[str, Any]:
+    """table[name], or the API's 404 for it."""
+    item = table.get(name)
+    if item is None:
+        raise not_found(name)
+    return item
 
 
 def _method(verb: str, collection: str | None, item: str | None, action: str) -> str | None:
