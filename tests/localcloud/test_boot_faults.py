@@ -18,6 +18,8 @@ import re
 import subprocess
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -124,6 +126,11 @@ def test_a_vm_killed_during_the_deploys_switch_converges_on_the_next_deploy(clou
     from infra.resources import ssh_deployment
 
     training = rehearse.prepare_training(cloud)
+    # Without the release `pulumi up` pushes to the bucket: a VM that finds it installs it at
+    # boot, and the deploy then has nothing to switch (the case is the deploy's own switch).
+    for uri in training.plan.objects:
+        if uri.endswith("-release.tar.gz"):
+            _delete(cloud, uri)
     vm = cloud.new_vm(training.train, training.tree)
     vm.boot(wait=False)
     real = ssh_deployment.progress
@@ -150,6 +157,15 @@ def test_a_vm_killed_during_the_deploys_switch_converges_on_the_next_deploy(clou
     assert active.stdout.strip() in ("active", "activating")
     current = vm.machine.run(["readlink", "-f", "/opt/gemma4/current"], check=False).stdout
     assert "/releases/" in current
+
+
+def _delete(cloud: rehearse.Rehearsal, uri: str) -> None:
+    bucket, _, name = uri.removeprefix("gs://").partition("/")
+    quoted = urllib.parse.quote(name, safe="")
+    request = urllib.request.Request(
+        f"{cloud.storage.url}/storage/v1/b/{bucket}/o/{quoted}", method="DELETE"
+    )
+    urllib.request.urlopen(request, timeout=30).close()
 
 
 def keep_full(path: pathlib.Path, stop: threading.Event) -> None:
