@@ -356,7 +356,14 @@ def _unit_done(vm: cloud_vm.CloudVm, unit: str) -> bool:
 
 
 def _unit_state(vm: cloud_vm.CloudVm, unit: str) -> str:
-    proc = vm.machine.run(["systemctl", "is-active", unit], check=False)
+    """systemctl is-active's word, or "gone" once the VM is (a release deletes its own node,
+    and the API then stops the VM: the units' work is done)."""
+    try:
+        proc = vm.machine.run(["systemctl", "is-active", unit], check=False)
+    except MachineError:
+        if vm.machine.running():
+            raise
+        return "gone"
     return proc.stdout.strip()
 
 
@@ -552,7 +559,7 @@ def _life_of_a_run(r: Rehearsal) -> None:
         _wait(
             "the trainer to finish",
             lambda: (
-                _unit_state(vm2, "gemma4-train.service") in ("inactive", "failed")
+                _unit_state(vm2, "gemma4-train.service") in ("inactive", "failed", "gone")
                 and f"{run_dir.split('/', 3)[3]}/train_summary.json" in r.list(run_dir)
             ),
             900,
@@ -573,11 +580,14 @@ def _life_of_a_run(r: Rehearsal) -> None:
         )
     merged = run_config["merge"]["out"]
     with r.stage("merge") as note:
+        from workloads.serve import merged_weights
+
+        # What a finished merge leaves last (the release waits for the same files), read from
+        # the bucket only: right after it the VM may release itself, and be gone.
         _wait(
             "the merge",
-            lambda: (
-                _unit_state(vm2, "gemma4-merge.service") in ("inactive", "failed")
-                and any(n.endswith("/merge_metadata.json") for n in r.list(merged))
+            lambda: all(
+                n in {m.rsplit("/", 1)[-1] for m in r.list(merged)} for n in merged_weights.MARKERS
             ),
             600,
             vm2,
