@@ -679,13 +679,28 @@ def _wait_released(
     )
 
 
+def _last_caller(
+    control: control_plane.ControlPlane, wanted: Callable[[str, str], bool], missing: str
+) -> str:
+    """The member behind the last successful API call that `wanted(verb, path)` picks.
+
+    Raises:
+        RehearsalError: no such call (`missing` says which).
+    """
+    for member, verb, called, code in reversed(control.api.calls):
+        if code == 200 and wanted(verb, called):
+            return member
+    raise RehearsalError(missing)
+
+
 def _deleted_by(control: control_plane.ControlPlane, node: str) -> str:
     """Who asked the API to delete `node` (the last successful DELETE of it)."""
     path = node.removeprefix("/")
-    for member, verb, called, code in reversed(control.api.calls):
-        if verb == "DELETE" and called == path and code == 200:
-            return member
-    raise RehearsalError(f"node {node} is gone but no DELETE of it reached the API")
+    return _last_caller(
+        control,
+        lambda verb, called: verb == "DELETE" and called == path,
+        f"node {node} is gone but no DELETE of it reached the API",
+    )
 
 
 def _serving(r: Rehearsal, cloud: TrainingCloud, control: control_plane.ControlPlane) -> None:
@@ -758,11 +773,15 @@ def _recover_lines(vm: cloud_vm.CloudVm) -> list[str]:
 def _created_by(control: control_plane.ControlPlane, node: str) -> str:
     """Who last created `node` through the API (a POST to its zone's nodes or queue)."""
     zone_path = node.removeprefix("/").rsplit("/nodes/", 1)[0]
-    for member, verb, called, code in reversed(control.api.calls):
-        created = called.endswith(("/nodes", "/queuedResources"))
-        if verb == "POST" and code == 200 and created and called.startswith(zone_path + "/"):
-            return member
-    raise RehearsalError(f"node {node} is there but no create of it reached the API")
+    return _last_caller(
+        control,
+        lambda verb, called: (
+            verb == "POST"
+            and called.startswith(zone_path + "/")
+            and called.endswith(("/nodes", "/queuedResources"))
+        ),
+        f"node {node} is there but no create of it reached the API",
+    )
 
 
 def _gcloud_log(vm: cloud_vm.CloudVm) -> str:
