@@ -3,6 +3,8 @@ above its target says so and names the largest stage (no target is reached by om
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks import startup
 
 MEASURED = {
@@ -119,3 +121,70 @@ def test_a_restart_reads_the_data_back_at_the_measured_rate():
     warm_line = next(line for line in text.splitlines() if line.startswith("# WARM"))
     assert "above" not in text.split("# WARM", 1)[1].split("\n# ", 1)[0]  # within 3 min
     assert warm_line.endswith("min")
+
+
+COMPILE = {  # the tiny step: 8.6 s of compile after 9.3 s of load, 15.3 s when side by side
+    "serial": {"load_s": 9.3, "total_s": 17.9},
+    "overlapped": {"load_s": 15.3, "total_s": 15.3},
+}
+
+
+def _record(stage, event, at, **extra):
+    return {"stage": stage, "event": event, "at": at, "boot": "b1", "source": "x", **extra}
+
+
+def _records(compile_start, compile_end, weights_end=150.0):
+    return [
+        _record("weights", "start", 1000.0),
+        _record("data", "start", 1040.0),
+        _record("data", "end", 1060.0, ok=True),
+        _record("compile_ahead", "start", 1000.0 + compile_start),
+        _record("compile_ahead", "end", 1000.0 + compile_end, ok=True),
+        _record("weights", "end", 1000.0 + weights_end, ok=True),
+    ]
+
+
+def test_the_compile_overlap_is_the_share_of_the_shorter_that_was_hidden():
+    # 17.9 s serial, 15.3 s side by side: 2.6 s of the 8.6 s compile hidden.
+    assert startup.compile_overlap(COMPILE) == pytest.approx(2.6 / 8.6)
+    took_turns = {"serial": COMPILE["serial"], "overlapped": {"load_s": 9, "total_s": 19.0}}
+    assert startup.compile_overlap(took_turns) == 0.0
+    perfect = {"serial": COMPILE["serial"], "overlapped": {"load_s": 9.3, "total_s": 9.3}}
+    assert startup.compile_overlap(perfect) == 1.0
+
+
+def test_the_cold_stage_adds_what_the_measured_overlap_does_not_hide():
+    measured = dict(MEASURED, compile=COMPILE)
+    e = 2.6 / 8.6
+    p = {k: v[0] for k, v in startup.PUBLIC.items()}
+    before = stages_of(measured, "cold")["venv (uv), trainer start, data"][1:3]
+    hub = tuple(startup.MODEL_GB / g for g in p["hub_gbps"][::-1])
+    _, low, high, source = stages_of(measured, "cold")["compile || weights arrive + load"]
+    for i, value in enumerate((low, high)):
+        rest = max(4.1 * (1, 3)[i] + hub[i], before[i]) + p["load_s"][i] - before[i]
+        a, b = p["compile_31b_s"][i], rest
+        assert value == pytest.approx(max(a, b) + (1 - e) * min(a, b))
+    assert "hid 30% of the shorter here" in source
+    assert low > p["compile_31b_s"][0]  # not the perfect overlap any more
+
+
+def test_stage_records_give_the_order_and_a_compile_after_the_weights_adds_up():
+    inside = startup.record_overlap(_records(60.0, 120.0))
+    assert inside["compile_inside"] == 1.0 and inside["data_start_s"] == 40.0
+    half = startup.record_overlap(_records(120.0, 180.0))
+    assert half["compile_inside"] == pytest.approx(0.5)
+    measured = dict(MEASURED, compile=COMPILE, records=inside)
+    _, _, _, source = stages_of(measured, "cold")["compile || weights arrive + load"]
+    assert "compile beginning 60 s into the weights' 150 s (100% of it while they arrived)" in (
+        source
+    )
+    late = dict(MEASURED, compile=COMPILE, records=startup.record_overlap(_records(170.0, 200.0)))
+    p = {k: v[0] for k, v in startup.PUBLIC.items()}
+    _, low, _, source = stages_of(late, "cold")["compile || weights arrive + load"]
+    before = stages_of(late, "cold")["venv (uv), trainer start, data"][1]
+    hub = startup.MODEL_GB / p["hub_gbps"][1]
+    rest = max(4.1 + hub, before) + p["load_s"][0] - before
+    assert low == pytest.approx(p["compile_31b_s"][0] + rest)  # no overlap: the sum
+    assert "20 s after the weights were staged" in source
+    with pytest.raises(ValueError, match="compile_ahead start"):
+        startup.record_overlap([r for r in _records(1, 2) if r["stage"] != "compile_ahead"])
