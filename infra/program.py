@@ -5,7 +5,7 @@ Nothing here runs at import time. Validation happens before the first resource i
 
 It reads top to bottom in the order one `up` declares things: validate (run), then build:
 identity, buckets, secrets, recovery controller, firewalls, self-service grants, the VMs of
-components/roles.py's table, their deployments, and the outputs.
+infra/vm/roles.py's table, their deployments, and the outputs.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 import pulumi
 
 from infra.components import apis as apis_mod
+from infra.components import boot_release, stack_deployments
 from infra.components import bucket as bucket_mod
 from infra.components import firewall as firewall_mod
 from infra.components import recovery as recovery_mod
-from infra.components import roles, stack_deployments
 from infra.components import secret as secret_mod
 from infra.components import service_account as sa_mod
 from infra.components import tpu_vm as tpu_mod
@@ -32,6 +32,7 @@ from infra.config import runconfig_render, stack_config, validation
 from infra.config.labels import base_labels, tpu_scope
 from infra.ops import release_record
 from infra.preflight import compile_check
+from infra.vm import roles
 from workloads.common import errors
 from workloads.contract import catalog, runconfig
 
@@ -359,7 +360,7 @@ def declare_self_service(
     cfg: config_mod.StackConfig, account: sa_mod.VmServiceAccount, released: bool
 ) -> list[pulumi.Resource]:
     """The grant that lets the declared VMs act on their own nodes (roles.VmRole.self_service);
-    none when no row asks for a permission."""
+    none when no role asks for a permission."""
     permissions = [
         p for row in roles.ROLES if row.declared(cfg, released) for p in row.self_service(cfg)
     ]
@@ -383,7 +384,7 @@ def declare_vms(
     opts: pulumi.ResourceOptions,
     record: tuple[pulumi.Input[str], str] | None = None,
 ) -> dict[str, tpu_mod.TpuVm]:
-    """One TPU VM per row of roles.ROLES that the stack has now, keyed by role name.
+    """One TPU VM per role of roles.ROLES that the stack has now, keyed by role name.
 
     Args:
         record: (training bucket name, run directory): each VM's create request is recorded
@@ -400,7 +401,7 @@ def declare_vms(
             tpu_mod.RecordArgs(
                 bucket=record[0],
                 role=row.name,
-                run_dir=record[1] if row.name == "train" else None,
+                run_dir=record[1] if row.has_training_metrics else None,
                 boot_reports=runconfig_render.boot_reports_uri(cfg, node),
             )
             if record is not None
@@ -420,7 +421,16 @@ def declare_vms(
                 subnetwork=cfg.subnetwork,
                 tags=row.tags(cfg),
                 labels={**labels, "role": row.name},
-                startup_script=row.startup_script(cfg, has_hf_secret),
+                startup_script=row.startup_script(
+                    cfg,
+                    has_hf_secret=has_hf_secret,
+                    # What a recreated node installs at boot (the deploy's scripts, above vm/).
+                    release=(
+                        boot_release.startup_context(cfg, node)
+                        if row.recovered_by_controller
+                        else None
+                    ),
+                ),
                 ssh_keys=ssh_keys,
                 description=f"gemma4-tpu {row.noun} slice ({stack})",
                 queue_spot=section.queue.capacity == "spot",

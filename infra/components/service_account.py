@@ -13,7 +13,6 @@ from collections.abc import Sequence
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.config import iam_catalogue
 from infra.resources import role_id as role_id_mod
 
 PROJECT_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter")
@@ -86,24 +85,6 @@ class VmServiceAccount(pulumi.ComponentResource):
         self.register_outputs({"email": self.email, "member": self.member})
 
 
-# What a VM needs to give its own node back: the training VM deletes it when its run is done
-# (training.releaseWhenDone), the serving VM stops it after its time limit
-# (serving.stopAfterHours). A custom role with only what the stack asks for; granted on the
-# project (Cloud TPU has no per-node IAM), and not at all when neither is asked.
-# The REST methods `gcloud compute tpus tpu-vm delete|stop` sends (it reads the node first and
-# may poll the operation), and the permissions the catalogue says they need.
-RELEASE_PERMISSIONS = iam_catalogue.permissions_of(
-    "projects.locations.nodes.get",
-    "projects.locations.nodes.delete",
-    "projects.locations.operations.get",
-)
-STOP_PERMISSIONS = iam_catalogue.permissions_of(
-    "projects.locations.nodes.get",
-    "projects.locations.nodes.stop",
-    "projects.locations.operations.get",
-)
-
-
 def custom_role_grant(
     name: str,
     project: str,
@@ -146,7 +127,8 @@ def self_service_grant(
     name: str, project: str, account: VmServiceAccount, *, prefix: str, permissions: Sequence[str]
 ) -> pulumi.Resource:
     """A custom role with exactly `permissions`, granted to the VMs' account (one role per stack
-    prefix).
+    prefix): what the VMs need to give their own nodes back (each role's `self_service`,
+    infra/vm/roles.py). Granted on the project: Cloud TPU has no per-node IAM.
 
     Returns:
         The grant (the VMs depend on it: a run may finish before anyone looks).

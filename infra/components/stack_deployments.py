@@ -1,6 +1,6 @@
-"""The deployments of a stack: one WorkloadsDeployment per VM it has (a row of roles.ROLES),
-each given the run config without the sections its role leaves out, and the `deployments`
-output that `python -m infra.ops` reads."""
+"""The deployments of a stack: one WorkloadsDeployment per VM it has (a role of
+infra/vm/roles.py's ROLES), each given the run config without the sections its role leaves out,
+and the `deployments` output that `python -m infra.ops` reads."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import pulumi
 
-from infra.components import roles
 from infra.components.workloads import WorkloadsDeployment, declare
 from infra.remote import ssh
 from infra.resources import ssh_access
+from infra.vm import roles
 from workloads.contract import runconfig
 
 if TYPE_CHECKING:  # the config model is only needed for the type; no import cycle at runtime
@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # the config model is only needed for the type; no import cyc
 
 
 def run_config_for(role: str, run_config: runconfig.RunConfig) -> runconfig.RunConfig:
-    """The run config one VM role gets: without the sections its row leaves out."""
+    """The run config one VM role gets: without the sections the role leaves out."""
     data = run_config.model_dump(mode="json")
     # Each VM's copy leaves out the other's sections: a change there does not redeploy it.
     data.update(dict.fromkeys(roles.role(role).leaves_out))
@@ -88,7 +88,8 @@ def declare_for_stack(
             project=cfg.project,
             zone=vm.zone or row.section(cfg).zone,
             opts=opts,
-            **({"release_bucket": release_bucket} if row.name == "train" else {}),
+            # The bundle a recreated node installs at boot, for the VM the controller recovers.
+            **({"release_bucket": release_bucket} if row.recovered_by_controller else {}),
         )
     return result
 

@@ -17,8 +17,7 @@ from infra.components import boot_release
 from infra.resources import ssh_access, ssh_deployment
 from infra.resources.deployment_record import VmInfo
 from infra.tpu import api as tpu_api
-from infra.vm import source_archive
-from infra.vm.units import Role, plan_units
+from infra.vm import roles, source_archive
 from infra.vm.workloads_wheel import Wheel, build_wheel
 from workloads.contract import runconfig
 
@@ -29,7 +28,7 @@ class WorkloadsDeploymentArgs:
 
     Attributes:
         vm: TPU node name.
-        role: "train" (train + merge units) or "serve" (serve + eval + bench units).
+        role: the name of the VM's role (infra/vm/roles.py): which units it runs.
         hosts: worker addresses, worker 0 first (usually an Output of the TPU VM).
         run_config: the run config rendered from the stack config (infra.config.runconfig_render).
         ssh: the stack, user, key fingerprint, known_hosts name, port: portable values only;
@@ -48,7 +47,7 @@ class WorkloadsDeploymentArgs:
     """
 
     vm: str
-    role: Role
+    role: str
     hosts: pulumi.Input[Sequence[str]]
     run_config: runconfig.RunConfig
     ssh: ssh_access.SshAccess
@@ -81,7 +80,7 @@ class WorkloadsDeployment(pulumi.ComponentResource):
     ):
         super().__init__("gemma4-tpu:infra:WorkloadsDeployment", name, None, opts)
         layout = remote.RemoteLayout(args.remote_root)
-        plan = plan_units(args.role, args.run_config, layout)
+        plan = roles.role(args.role).plan_units(args.run_config, layout)
         wheel = args.wheel or build_wheel()
         access = args.ssh
         use_sudo = args.use_sudo if args.use_sudo is not None else access.user != "root"
@@ -162,7 +161,7 @@ def declare(
     name: str,
     *,
     vm: str,
-    role: Role,
+    role: str,
     hosts: pulumi.Input[Sequence[str]],
     run_config: runconfig.RunConfig,
     access: ssh_access.SshAccess,
@@ -174,9 +173,9 @@ def declare(
     """Declares the deployment of one VM (what infra.components.stack_deployments calls per VM).
 
     Args:
-        name: component name, e.g. "train" or "serve".
+        name: component name (`<role>-deploy`).
         vm: TPU node name.
-        role: "train" or "serve".
+        role: the role's name (infra/vm/roles.py ROLES).
         hosts: worker addresses (Output of the TPU VM component), worker 0 first.
         run_config: infra.config.runconfig_render.render_run_config(cfg).
         access: how to reach the workers (declare_for_stack builds it from the stack config).

@@ -33,10 +33,10 @@ from infra.ops.stack_outputs import (
 )
 from infra.remote import ssh
 from infra.tpu import api as tpu_api
-from infra.vm import units
+from infra.vm import roles
 from workloads.common import cli_options, errors, stage_records
 
-ROLES = units.ROLES
+ROLES = roles.names()
 
 
 def _connections(info: VmInfo) -> list[fabric.Connection]:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from infra.config import model as config_mod
+from infra.vm import roles
 
 ENDPOINT_ENV = "CLOUDSDK_API_ENDPOINT_OVERRIDES_IAM"
 DEFAULT_ENDPOINT = "https://iam.googleapis.com/"
@@ -69,8 +70,8 @@ class Unreachable(Exception):
 def stack_roles(cfg: config_mod.StackConfig) -> list[StackRole]:
     """The custom roles `pulumi up` would create for this config (as if no run had released its
     node yet): the VMs' self-service role and the recovery controller's role."""
-    # Lazy: the components import pulumi_gcp, which only these two lines need here.
-    from infra.components import recovery, roles
+    # Lazy: the components import pulumi_gcp, which only this line needs here.
+    from infra.components import recovery
 
     found = []
     permissions = sorted(

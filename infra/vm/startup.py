@@ -1,8 +1,10 @@
 """The VM startup scripts: the pinned software stack and the template context of each role.
 
-The scripts (templates/startup/{train,serve}.sh.j2) run at every boot and are idempotent. They
-receive names and paths only: the Hugging Face token stays in Secret Manager and is fetched by
-the training VM only when the bucket has no copy of the model yet.
+The scripts (templates/startup/<role>.sh.j2: train.sh.j2, serve.sh.j2) run at every boot and are
+idempotent. They receive names and paths only: the Hugging Face token stays in Secret Manager and
+is fetched by the training VM only when the bucket has no copy of the model yet. Each role's
+`startup_script` (infra/vm/roles.py) names its renderer here and passes itself: the script
+writes the role's name and boot-report path from it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import hashlib
 import pathlib
 import re
 import tomllib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infra.config import model as config_mod
 from infra.config import runconfig_render, sizing
@@ -20,6 +22,9 @@ from infra.vm import templating
 from infra.vm.layout import WORKER
 from workloads.common import stage_records
 from workloads.contract import catalog, runconfig
+
+if TYPE_CHECKING:  # roles.py renders its scripts with this module: the type only
+    from infra.vm.roles import VmRole
 
 PYTHON = "python3.11"
 # The worker paths the deploy steps use too (one definition, in infra/vm/layout.py).
@@ -175,19 +180,19 @@ def _requirements_digest(
 
 def _common(
     cfg: config_mod.StackConfig,
-    role: str,
+    role: VmRole,
     requirements: tuple[str, ...],
+    shm: tuple[int, str],
     without_deps: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    if role == "train":
-        shm_needed, shm_key = sizing.training_shm_bytes(cfg), "training.shmWorkingSetGb"
-    else:
-        shm_needed, shm_key = sizing.serving_shm_bytes(cfg), "serving.shmWorkingSetGb"
+    """The variables of templates/startup/_common.sh.j2. `shm`: (the bytes of /dev/shm the role's
+    working set needs, the stack-config key that sets them)."""
+    shm_needed, shm_key = shm
     return {
         "shm_needed_bytes": shm_needed,
         "shm_key": shm_key,
         "shm_max_percent": round(catalog.SHM_MAX_FRACTION * 100),
-        "stack_role": role,
+        "stack_role": role.name,
         "project": cfg.project,
         "python": PYTHON,
         "venv_dir": VENV_DIR,
@@ -209,9 +214,7 @@ def _common(
         "tmpdir": TMPDIR,
         # The serving venv is two small packages: pip is as fast as an archive there.
         "venv_archive_uri": "",
-        "boot_report_uri": runconfig_render.boot_reports_uri(
-            cfg, cfg.training_node_name if role == "train" else cfg.serving_node_name
-        ),
+        "boot_report_uri": runconfig_render.boot_reports_uri(cfg, role.node_name(cfg)),
     }
 
 
@@ -235,21 +238,24 @@ NO_BOOT_RELEASE = dict.fromkeys(
 )
 
 
-def train_context(cfg: config_mod.StackConfig, *, has_hf_secret: bool) -> dict[str, Any]:
-    """Variables of templates/startup/train.sh.j2."""
+def train_context(
+    cfg: config_mod.StackConfig, role: VmRole, *, has_hf_secret: bool
+) -> dict[str, Any]:
+    """Variables of templates/startup/train.sh.j2 (`role`: the training VM's, roles.TRAIN)."""
     acc = catalog.accelerator(cfg.training.accelerator)
     requirements = train_requirements()
     env = [
         f"TMPDIR={TMPDIR}",
         f"HF_HOME={HF_HOME}",
-        "GEMMA4_ROLE=train",
+        f"GEMMA4_ROLE={role.name}",
         f"{stage_records.STAGES_ENV}={STAGES_FILE}",
         f"GEMMA4_RUN_CONFIG={RUN_CONFIG_PATH}",
         f"GEMMA4_VENV={VENV_DIR}",
         f"GEMMA4_HOSTS={acc.hosts}",
         f"JAX_COMPILATION_CACHE_DIR={runconfig_render.train_compile_cache_uri(cfg)}",
     ]
-    common = _common(cfg, "train", requirements, train_no_deps())
+    shm = (sizing.training_shm_bytes(cfg), "training.shmWorkingSetGb")
+    common = _common(cfg, role, requirements, shm, train_no_deps())
     return {
         **common,
         **NO_BOOT_RELEASE,
@@ -266,19 +272,20 @@ def train_context(cfg: config_mod.StackConfig, *, has_hf_secret: bool) -> dict[s
     }
 
 
-def serve_context(cfg: config_mod.StackConfig) -> dict[str, Any]:
-    """Variables of templates/startup/serve.sh.j2."""
+def serve_context(cfg: config_mod.StackConfig, role: VmRole) -> dict[str, Any]:
+    """Variables of templates/startup/serve.sh.j2 (`role`: the serving VM's, roles.SERVE)."""
     cache_dir = _SERVE_DEFAULTS["compile_cache_dir"].default
+    shm = (sizing.serving_shm_bytes(cfg), "serving.shmWorkingSetGb")
     env = [
         f"TMPDIR={TMPDIR}",
         f"HF_HOME={HF_HOME}",
-        "GEMMA4_ROLE=serve",
+        f"GEMMA4_ROLE={role.name}",
         f"GEMMA4_RUN_CONFIG={RUN_CONFIG_PATH}",
         f"GEMMA4_VENV={VENV_DIR}",
         f"GEMMA4_VERILOG_EVAL={runconfig_render.VERILOG_EVAL_DIR}",
     ]
     return {
-        **_common(cfg, "serve", serve_requirements()),
+        **_common(cfg, role, serve_requirements(), shm),
         "env_lines": env,
         "vllm_image": cfg.serving.image,
         "merged_uri": runconfig_render.merged_uri(cfg),
@@ -293,15 +300,24 @@ def serve_context(cfg: config_mod.StackConfig) -> dict[str, Any]:
 
 
 def render_train(
-    cfg: config_mod.StackConfig, *, has_hf_secret: bool, release: dict[str, Any] | None = None
+    cfg: config_mod.StackConfig,
+    role: VmRole,
+    *,
+    has_hf_secret: bool,
+    release: dict[str, Any] | None = None,
 ) -> str:
     """The training VM's startup script. `release`: the variables of _release.sh.j2, what the
     program passes (infra/components/boot_release.startup_context: the deploy's scripts live
-    below this layer); None restores nothing at boot."""
-    context = train_context(cfg, has_hf_secret=has_hf_secret) | (release or {})
-    return templating.render("startup/train.sh.j2", **context)
+    above this layer); None restores nothing at boot."""
+    context = train_context(cfg, role, has_hf_secret=has_hf_secret) | (release or {})
+    return templating.render(template(role), **context)
 
 
-def render_serve(cfg: config_mod.StackConfig) -> str:
+def render_serve(cfg: config_mod.StackConfig, role: VmRole) -> str:
     """The serving VM's startup script."""
-    return templating.render("startup/serve.sh.j2", **serve_context(cfg))
+    return templating.render(template(role), **serve_context(cfg, role))
+
+
+def template(role: VmRole) -> str:
+    """A role's startup template, under templates/: startup/<role>.sh.j2."""
+    return f"startup/{role.name}.sh.j2"

@@ -17,7 +17,7 @@ import yaml
 from infra import remote
 from infra.remote import ssh
 from infra.resources import ssh_access, ssh_deployment
-from infra.vm import units, workloads_wheel
+from infra.vm import roles, workloads_wheel
 from tests.fixtures.sshd import Worker
 from workloads.contract import runconfig
 
@@ -73,10 +73,10 @@ def make_bundle(
     root: pathlib.Path | str,
     wheel: workloads_wheel.Wheel,
     cfg: runconfig.RunConfig | None = None,
-    role: units.Role = "train",
+    role: str = "train",
 ) -> remote.Bundle:
     cfg = cfg or make_run_config()
-    plan = units.plan_units(role, cfg, remote.RemoteLayout(str(root)))
+    plan = roles.role(role).plan_units(cfg, remote.RemoteLayout(str(root)))
     # install_deps=False: the worker venv borrows its dependencies from the test venv (no index).
     return remote.Bundle(
         wheel.path,

@@ -18,7 +18,7 @@ from infra.components import bucket as bucket_mod
 from infra.components import service_account as sa_mod
 from infra.config import model as config
 from infra.config import stack_config
-from infra.vm import startup
+from infra.vm import roles, startup
 from tests.fixtures import pulumi_mocks
 from workloads.contract import catalog
 
@@ -147,12 +147,13 @@ def test_tpu_vms(run):
         assert i["labels"]["app"] == "gemma4-tpu" and i["labels"]["stack"] == stack
     assert train.inputs["metadata"]["startup-script"] == startup.render_train(
         cfg,
+        roles.TRAIN,
         has_hf_secret=True,
         release=boot_release.startup_context(cfg, cfg.training_node_name),
     )
     if stack == "prod":
         serve = rec.one(TPU, "serve-node")
-        assert serve.inputs["metadata"]["startup-script"] == startup.render_serve(cfg)
+        assert serve.inputs["metadata"]["startup-script"] == startup.render_serve(cfg, roles.SERVE)
         # The serving slice is placed in the first of its zone and fallbacks with capacity.
         assert serve.inputs["zones"] == [cfg.serving.zone, *cfg.serving.zone_fallbacks]
         assert cfg.api_tag in serve.inputs["tags"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from infra.vm import layout, units
+from infra.vm import layout, roles
 from localcloud.cloud_vm import GUEST
 from localcloud.machine import Machine
 from tests.fixtures.localcloud import MachineFactory
@@ -61,7 +61,7 @@ def _install(vm: Machine) -> None:
     vm.write(LAYOUT.active_python, FAKE_TRAINER, 0o755)
     # The trainer's working directory: on a VM, there since its first boot's startup script.
     (vm.root / LAYOUT.state_dir.lstrip("/")).mkdir(parents=True, exist_ok=True)
-    plan = units.plan_units("train", make_run_config(merge=False), LAYOUT)
+    plan = roles.TRAIN.plan_units(make_run_config(merge=False), LAYOUT)
     for name in plan.enable:
         vm.write(f"/etc/systemd/system/{name}", plan.units[name])
     wants = vm.root / "etc/systemd/system/multi-user.target.wants"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pathlib
 
 from infra.config import stack_config
-from infra.vm import startup, templating
+from infra.vm import roles, startup, templating
 from tests.fixtures import pulumi_mocks
 from tests.infra.vm.test_startup_idempotent import _run
 
@@ -53,7 +53,7 @@ def test_add_apt_repository_waits_for_apt_daily_like_every_apt_call(
     gcs = tmp_path / "gcs"
     gcs.mkdir()
     cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("dev"))
-    context = startup.train_context(cfg, has_hf_secret=True)
+    context = startup.train_context(cfg, roles.TRAIN, has_hf_secret=True)
     # A Python that is not there: the deadsnakes path of an Ubuntu 22.04 image.
     context |= {"python": "python3.11-absent", "log_file": str(tmp_path / "startup.log")}
     script = templating.render("startup/train.sh.j2", **context)

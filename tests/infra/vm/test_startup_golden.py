@@ -14,9 +14,9 @@ import subprocess
 import jinja2
 import pytest
 
-from infra.components import roles
+from infra.components import boot_release
 from infra.config import stack_config
-from infra.vm import startup, templating
+from infra.vm import roles, startup, templating
 from tests.fixtures import pulumi_mocks
 
 GOLDEN = pathlib.Path(__file__).resolve().parents[2] / "golden" / "startup"
@@ -27,9 +27,13 @@ def _scripts() -> dict[str, str]:
     for stack in ("dev", "prod"):
         cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config(stack))
         # As the program renders it: with the release it restores at boot.
-        scripts[f"{stack}-train.sh"] = roles.role("train").startup_script(cfg, True)
+        scripts[f"{stack}-train.sh"] = roles.TRAIN.startup_script(
+            cfg,
+            has_hf_secret=True,
+            release=boot_release.startup_context(cfg, roles.TRAIN.node_name(cfg)),
+        )
         if cfg.serving.enabled:
-            scripts[f"{stack}-serve.sh"] = startup.render_serve(cfg)
+            scripts[f"{stack}-serve.sh"] = startup.render_serve(cfg, roles.SERVE)
     return scripts
 
 
@@ -117,7 +121,7 @@ def test_no_token_looking_value_in_any_script():
 
 def test_values_are_quoted_by_the_filter():
     cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("dev"))
-    context = startup.train_context(cfg, has_hf_secret=True)
+    context = startup.train_context(cfg, roles.TRAIN, has_hf_secret=True)
     evil = "evil/repo'; touch /tmp/pwned #$(id)"
     context["hf_repo"] = evil
     script = templating.render("startup/train.sh.j2", **context)
@@ -130,7 +134,7 @@ def test_values_are_quoted_by_the_filter():
 
 def test_missing_variable_is_an_error():
     cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("dev"))
-    context = startup.train_context(cfg, has_hf_secret=True)
+    context = startup.train_context(cfg, roles.TRAIN, has_hf_secret=True)
     del context["model_uri"]
     with pytest.raises(jinja2.UndefinedError):
         templating.render("startup/train.sh.j2", **context)

@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from infra.config import stack_config
-from infra.vm import startup, templating
+from infra.vm import roles, startup, templating
 from tests.fixtures import pulumi_mocks
 
 # A stand-in for the Cloud SDK: gs://X is $FAKE_GCS/X; every call is logged to $FAKE_GCS/calls.
@@ -92,7 +92,7 @@ def _calls(tmp: pathlib.Path, verb: str) -> list[str]:
 
 def test_training_staging_skips_a_complete_copy_and_redoes_an_interrupted_one(tmp):
     cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("dev"))
-    context = startup.train_context(cfg, has_hf_secret=True)
+    context = startup.train_context(cfg, roles.TRAIN, has_hf_secret=True)
     stage = tmp / "shm" / "models" / "base"
     context |= {
         "stage_dir": str(stage),
@@ -136,7 +136,7 @@ def test_training_staging_skips_a_complete_copy_and_redoes_an_interrupted_one(tm
 def _script_without_hub_download(tmp: pathlib.Path) -> str:
     """The dev training script with no hf token (no hub download), staging gs://bucket's model."""
     cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("dev"))
-    context = startup.train_context(cfg, has_hf_secret=False)
+    context = startup.train_context(cfg, roles.TRAIN, has_hf_secret=False)
     context |= {
         "stage_dir": str(tmp / "shm" / "base"),
         "model_uri": "gs://bucket/models/gemma-4-31b",
@@ -155,7 +155,7 @@ def test_training_staging_without_a_model_and_without_hub_download_fails_clearly
 
 def test_serving_staging_skips_the_same_merged_model_and_restages_a_new_one(tmp):
     cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("prod"))
-    context = startup.serve_context(cfg)
+    context = startup.serve_context(cfg, roles.SERVE)
     merged_dir = tmp / "shm" / "merged"
     (tmp / "shm").mkdir()
     context |= {
@@ -196,7 +196,7 @@ def test_serving_staging_skips_the_same_merged_model_and_restages_a_new_one(tmp)
 
 def test_serving_weights_from_the_bucket_are_not_staged_and_the_stage_says_so(tmp):
     cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("prod"))
-    context = startup.serve_context(cfg)
+    context = startup.serve_context(cfg, roles.SERVE)
     merged_dir = tmp / "shm" / "merged"
     (tmp / "shm").mkdir()
     stages = tmp / "stages.jsonl"

@@ -10,7 +10,7 @@ import pathlib
 import pytest
 
 from infra.config import sizing, stack_config
-from infra.vm import startup, templating
+from infra.vm import roles, startup, templating
 from tests.fixtures import pulumi_mocks
 from tests.infra.vm.test_startup_idempotent import _run
 from workloads.contract import catalog
@@ -67,11 +67,11 @@ def _script(role: str) -> tuple[str, int]:
     if role == "train":
         cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("dev"))
         return templating.render(
-            "startup/train.sh.j2", **startup.train_context(cfg, has_hf_secret=True)
+            "startup/train.sh.j2", **startup.train_context(cfg, roles.TRAIN, has_hf_secret=True)
         ), sizing.training_shm_bytes(cfg)
     cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("prod"))
     return templating.render(
-        "startup/serve.sh.j2", **startup.serve_context(cfg)
+        "startup/serve.sh.j2", **startup.serve_context(cfg, roles.SERVE)
     ), sizing.serving_shm_bytes(cfg)
 
 

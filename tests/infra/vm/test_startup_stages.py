@@ -20,7 +20,7 @@ import subprocess
 import pytest
 
 from infra.config import stack_config
-from infra.vm import startup, templating
+from infra.vm import roles, startup, templating
 from tests.fixtures import pulumi_mocks
 from tests.infra.vm.test_startup_idempotent import _functions, _run
 from workloads.common import stage_records
@@ -151,7 +151,7 @@ class VM:
         self.state.mkdir()
         (root / "shm").mkdir()
         cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("dev"))
-        context = startup.train_context(cfg, has_hf_secret=True)
+        context = startup.train_context(cfg, roles.TRAIN, has_hf_secret=True)
         self.digest = context[DIGEST_KEY]
         self.archive = f"gs://bucket/venv/train-{self.digest}.tar.gz"
         context |= {

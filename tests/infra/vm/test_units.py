@@ -13,7 +13,7 @@ import pytest
 
 from infra import remote
 from infra.components import stack_deployments
-from infra.vm import units
+from infra.vm import roles, units
 from tests.infra.conftest import make_run_config
 
 PROD = remote.RemoteLayout("/")
@@ -27,7 +27,7 @@ def _parse(text: str) -> configparser.RawConfigParser:
 
 
 def test_train_unit_runs_the_training_command_with_restart_and_environment() -> None:
-    plan = units.plan_units("train", make_run_config(merge=True), PROD)
+    plan = roles.TRAIN.plan_units(make_run_config(merge=True), PROD)
     assert sorted(plan.units) == ["gemma4-merge.service", "gemma4-train.service"]
     assert plan.enable == plan.start == ["gemma4-train.service"]
     unit = _parse(plan.units["gemma4-train.service"])
@@ -59,7 +59,7 @@ def test_nothing_the_trainer_needs_is_ordered_after_the_startup_script() -> None
     script exits, after the weights are staged: a unit ordered after it (directly or through a
     unit it needs) would start only then. The trainer waits for the ready marker instead, one
     that cannot be left from an earlier boot (tests/localcloud/test_unit_order.py boots it)."""
-    plan = units.plan_units("train", make_run_config(merge=True, release=True), PROD)
+    plan = roles.TRAIN.plan_units(make_run_config(merge=True, release=True), PROD)
     needed, todo = set(), [units.TRAIN_UNIT]
     while todo:
         name = todo.pop()
@@ -82,7 +82,7 @@ def test_nothing_the_trainer_needs_is_ordered_after_the_startup_script() -> None
 @pytest.mark.parametrize(("worker", "runs"), [("0", True), ("1", False), (None, True)])
 def test_only_worker_zero_of_a_slice_runs_the_merge(worker, runs) -> None:
     """Every worker of a multi-host slice trains; the merge must run once, on worker 0."""
-    plan = units.plan_units("train", make_run_config(merge=True), PROD)
+    plan = roles.TRAIN.plan_units(make_run_config(merge=True), PROD)
     condition = _parse(plan.units["gemma4-merge.service"])["Service"]["ExecCondition"]
     argv = ["/bin/sh", "-c", condition.split("-c ", 1)[1].strip("'").replace("$$", "$")]
     env = {"PATH": os.environ["PATH"]} | ({"GEMMA4_WORKER": worker} if worker else {})
@@ -90,14 +90,14 @@ def test_only_worker_zero_of_a_slice_runs_the_merge(worker, runs) -> None:
 
 
 def test_train_without_merge_has_no_merge_unit() -> None:
-    plan = units.plan_units("train", make_run_config(merge=False), PROD)
+    plan = roles.TRAIN.plan_units(make_run_config(merge=False), PROD)
     assert list(plan.units) == ["gemma4-train.service"]
     assert "OnSuccess" not in _parse(plan.units["gemma4-train.service"])["Unit"]
 
 
 @pytest.mark.parametrize("merge", [True, False])
 def test_release_runs_after_the_last_unit_of_the_run_on_worker_zero(merge) -> None:
-    plan = units.plan_units("train", make_run_config(merge=merge, release=True), PROD)
+    plan = roles.TRAIN.plan_units(make_run_config(merge=merge, release=True), PROD)
     last = "gemma4-merge.service" if merge else "gemma4-train.service"
     assert _parse(plan.units[last])["Unit"]["OnSuccess"] == "gemma4-release.service"
     if merge:  # training still hands over to the merge first
@@ -110,7 +110,7 @@ def test_release_runs_after_the_last_unit_of_the_run_on_worker_zero(merge) -> No
     )
     assert release["Service"]["RestartPreventExitStatus"] == "2"  # an unfinished run: no retry
     # Worker 0 only, by the same condition as the merge (tested above).
-    merge_plan = units.plan_units("train", make_run_config(merge=True), PROD)
+    merge_plan = roles.TRAIN.plan_units(make_run_config(merge=True), PROD)
     merge_unit = _parse(merge_plan.units["gemma4-merge.service"])
     assert release["Service"]["ExecCondition"] == merge_unit["Service"]["ExecCondition"]
     assert "Install" not in release and plan.enable == ["gemma4-train.service"]
@@ -121,7 +121,7 @@ def test_release_runs_after_the_last_unit_of_the_run_on_worker_zero(merge) -> No
 
 def test_the_serving_time_limit_is_a_timer_that_stops_the_node(tmp_path: pathlib.Path) -> None:
     cfg = make_run_config(serve=True, stop_after_hours=12)
-    plan = units.plan_units("serve", cfg, PROD)
+    plan = roles.SERVE.plan_units(cfg, PROD)
     assert plan.enable[-1] == plan.start[-1] == "gemma4-serve-stop.timer"
     timer = _parse(plan.units["gemma4-serve-stop.timer"])
     assert timer["Timer"]["OnBootSec"] == "43200s"  # 12 h after each boot
@@ -146,12 +146,12 @@ def test_the_serving_time_limit_is_a_timer_that_stops_the_node(tmp_path: pathlib
     assert "--zone=asia-northeast1-b " in unknown
     # The training VM's copy of the run config has no stop section; without one, no timer.
     assert stack_deployments.run_config_for("train", cfg).stop is None
-    plain = units.plan_units("serve", make_run_config(serve=True), PROD)
+    plain = roles.SERVE.plan_units(make_run_config(serve=True), PROD)
     assert not [u for u in plain.units if "stop" in u]
 
 
 def test_serve_units_sequence_serve_then_eval_then_bench() -> None:
-    plan = units.plan_units("serve", make_run_config(serve=True), PROD)
+    plan = roles.SERVE.plan_units(make_run_config(serve=True), PROD)
     assert plan.start == ["gemma4-serve.service", "gemma4-eval.service", "gemma4-bench.service"]
     eval_unit = _parse(plan.units["gemma4-eval.service"])
     bench = _parse(plan.units["gemma4-bench.service"])
@@ -163,20 +163,20 @@ def test_serve_units_sequence_serve_then_eval_then_bench() -> None:
 
 def test_serve_role_needs_a_serve_section() -> None:
     with pytest.raises(ValueError, match="serve section"):
-        units.plan_units("serve", make_run_config(serve=False), PROD)
+        roles.SERVE.plan_units(make_run_config(serve=False), PROD)
 
 
 def test_paths_with_spaces_and_specifiers_are_quoted_for_systemd() -> None:
     assert units.systemd_quote("/opt/gemma4/venv/bin/python") == "/opt/gemma4/venv/bin/python"
     assert units.systemd_quote("/my dir/50%/$HOME") == '"/my dir/50%%/$$HOME"'
-    plan = units.plan_units("train", make_run_config(), remote.RemoteLayout("/tmp/a b"))
+    plan = roles.TRAIN.plan_units(make_run_config(), remote.RemoteLayout("/tmp/a b"))
     exec_start = _parse(plan.units["gemma4-train.service"])["Service"]["ExecStart"]
     assert exec_start.startswith('"/tmp/a b/opt/gemma4/current/venv/bin/python" -m workloads train')
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 @pytest.mark.parametrize("role", ["train", "serve"])
-def test_every_unit_passes_systemd_analyze_verify(role: units.Role, tmp_path: pathlib.Path) -> None:
+def test_every_unit_passes_systemd_analyze_verify(role: str, tmp_path: pathlib.Path) -> None:
     # The units are rendered with a temp root so the interpreter they name exists here; the text
     # is otherwise exactly the production one (checked below).
     root = tmp_path / "root"
@@ -185,8 +185,8 @@ def test_every_unit_passes_systemd_analyze_verify(role: units.Role, tmp_path: pa
     python.symlink_to(sys.executable)
     (root / "var/lib/gemma4").mkdir(parents=True)
     cfg = make_run_config(serve=True, release=True, stop_after_hours=1.5)
-    plan = units.plan_units(role, cfg, remote.RemoteLayout(str(root)))
-    prod = units.plan_units(role, cfg, PROD)
+    plan = roles.role(role).plan_units(cfg, remote.RemoteLayout(str(root)))
+    prod = roles.role(role).plan_units(cfg, PROD)
     units_dir = tmp_path / "units"
     units_dir.mkdir()
     for name, text in plan.units.items():
@@ -208,7 +208,7 @@ def test_every_unit_passes_systemd_analyze_verify(role: units.Role, tmp_path: pa
 def test_the_eval_unit_never_runs_generated_code_as_root() -> None:
     """The eval compiles and simulates model output: a transient unprivileged user, which reads
     the root-only run config through a credential, never the file itself."""
-    plan = units.plan_units("serve", make_run_config(serve=True), PROD)
+    plan = roles.SERVE.plan_units(make_run_config(serve=True), PROD)
     service = _parse(plan.units["gemma4-eval.service"])["Service"]
     assert service["DynamicUser"] == "yes"
     assert "User" not in service and "Group" not in service
@@ -227,7 +227,7 @@ def test_the_eval_unit_never_runs_generated_code_as_root() -> None:
 
 def test_every_serving_unit_that_can_hang_has_a_finite_start_timeout() -> None:
     cfg = make_run_config(serve=True, stop_after_hours=2)
-    plan = units.plan_units("serve", cfg, PROD)
+    plan = roles.SERVE.plan_units(cfg, PROD)
     ready_s = cfg.serve.ready_timeout_s
     timeouts = {
         name: _parse(text)["Service"].get("TimeoutStartSec")
@@ -245,7 +245,7 @@ def test_every_serving_unit_that_can_hang_has_a_finite_start_timeout() -> None:
 def test_every_training_unit_has_a_finite_start_timeout() -> None:
     """A hung merge (a stalled bucket read or upload) ends and restarts; none waits forever.
     The release unit is a oneshot under systemd's default start timeout."""
-    plan = units.plan_units("train", make_run_config(merge=True), PROD)
+    plan = roles.TRAIN.plan_units(make_run_config(merge=True), PROD)
     timeouts = {
         name: _parse(text)["Service"].get("TimeoutStartSec")
         for name, text in plan.units.items()

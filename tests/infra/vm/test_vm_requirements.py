@@ -22,7 +22,7 @@ from packaging.requirements import Requirement
 
 from infra.config import stack_config
 from infra.remote import RemoteLayout
-from infra.vm import startup, units
+from infra.vm import roles, startup
 from tests.fixtures import pulumi_mocks
 from tests.infra.conftest import make_run_config
 from workloads import cli
@@ -141,9 +141,9 @@ def provided(requirements: tuple[str, ...]) -> set[str]:
     return result
 
 
-def role_commands(role: units.Role) -> list[str]:
+def role_commands(role: str) -> list[str]:
     """The `python -m workloads <command>` modules of the role's rendered units."""
-    plan = units.plan_units(role, make_run_config(serve=True), RemoteLayout("/"))
+    plan = roles.role(role).plan_units(make_run_config(serve=True), RemoteLayout("/"))
     commands = {
         match
         for text in plan.units.values()
@@ -234,14 +234,17 @@ def test_everything_a_vm_installs_is_pinned_by_the_lock(role):
 
 def test_the_rendered_script_installs_with_the_whole_lock():
     cfg = stack_config.parse_stack_config(pulumi_mocks.stack_file_config("prod"))
-    for script in (startup.render_train(cfg, has_hf_secret=True), startup.render_serve(cfg)):
+    for script in (
+        startup.render_train(cfg, roles.TRAIN, has_hf_secret=True),
+        startup.render_serve(cfg, roles.SERVE),
+    ):
         block = script.split("readonly -a CONSTRAINTS=(\n", 1)[1].split("\n)\n", 1)[0]
         shipped = [line.strip() for line in block.splitlines()]
         assert shipped == list(startup.lock())
         assert len(shipped) == len(startup.pinned_versions())
         assert 'uv_install "$VENV_DIR" -r "$requirements" -c "$constraints"' in script
         assert f"readonly UV_REQUIREMENT={startup.pinned('uv')}" in script
-    train = startup.render_train(cfg, has_hf_secret=True)
+    train = startup.render_train(cfg, roles.TRAIN, has_hf_secret=True)
     block = train.split("readonly -a NO_DEPS=(\n", 1)[1].split("\n)\n", 1)[0]
     assert [line.strip() for line in block.splitlines()] == list(startup.train_no_deps())
     assert startup.train_no_deps() == (
