@@ -5,27 +5,14 @@ from __future__ import annotations
 
 import re
 import time
-import urllib.parse
-import urllib.request
 
 from localcloud import throttle
+from workloads.common import gcs_server as gcs
 
 
-def _put(server_url: str, uri: str, data: bytes) -> None:
-    bucket, _, name = uri.removeprefix("gs://").partition("/")
-    query = urllib.parse.urlencode({"uploadType": "media", "name": name})
-    req = urllib.request.Request(
-        f"{server_url}/upload/storage/v1/b/{bucket}/o?{query}", data=data, method="POST"
-    )
-    urllib.request.urlopen(req, timeout=30).close()
-
-
-def _get(base: str, uri: str) -> tuple[bytes, float]:
-    bucket, _, name = uri.removeprefix("gs://").partition("/")
-    url = f"{base}/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}?alt=media"
+def _timed_get(base: str, uri: str) -> tuple[bytes, float]:
     started = time.monotonic()
-    with urllib.request.urlopen(url, timeout=60) as resp:
-        data = resp.read()
+    data = gcs.Client(base).get(uri)
     return data, time.monotonic() - started
 
 
@@ -33,22 +20,20 @@ def test_only_the_models_weights_are_slowed_and_arrive_whole(gcs_server, gcs_buc
     weights = f"{gcs_bucket}/models/tiny/model-00001.safetensors"
     config = f"{gcs_bucket}/models/tiny/config.json"
     payload = bytes(range(256)) * 400  # 100 KiB
-    _put(gcs_server.url, weights, payload)
-    _put(gcs_server.url, config, b"{}")
+    gcs_server.client().put(weights, payload)
+    gcs_server.client().put(config, b"{}")
     slow = throttle.SlowReads(
         gcs_server.url,
         re.compile(re.escape(f"{gcs_bucket}/models/tiny") + r"/[^/]+\.safetensors$"),
         bytes_per_s=200 * 1024,
     )
     try:
-        data, seconds = _get(slow.url, weights)
+        data, seconds = _timed_get(slow.url, weights)
         assert data == payload and 0.4 <= seconds < 5
-        small, quick = _get(slow.url, config)
+        small, quick = _timed_get(slow.url, config)
         assert small == b"{}" and quick < 0.4
         # Listing and metadata go through untouched.
-        bucket = gcs_bucket.removeprefix("gs://")
-        with urllib.request.urlopen(f"{slow.url}/storage/v1/b/{bucket}/o", timeout=30) as resp:
-            assert b"model-00001.safetensors" in resp.read()
+        assert "models/tiny/model-00001.safetensors" in gcs.Client(slow.url).names(gcs_bucket)
         assert slow.slowed == [weights]
     finally:
         slow.stop()
@@ -58,7 +43,6 @@ def test_gcsfs_and_tensorstore_clients_work_through_it(gcs_server, gcs_bucket):
     """What a VM's trainer does through the link (listings, writes, reads, a tree removal) keeps
     its framing on kept-alive connections: an upstream answer without a length (chunked) is
     passed on with one."""
-    from workloads.common import gcs_server as gcs
     from workloads.common import storage
 
     slow = throttle.SlowReads(gcs_server.url, re.compile(r"\.safetensors$"), 1e6)

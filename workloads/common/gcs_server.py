@@ -10,11 +10,16 @@ losing them, and removing the directory removes the bucket's contents.
 gcsfs's newer file system class first asks a gRPC control plane for the bucket's layout and only
 falls back after a 30 s timeout per call, uncached when it fails; the emulator has no such
 endpoint, so GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false selects the plain JSON-API class.
+
+`Client` is the one small client of the server's JSON API for code beside it that does not go
+through gcsfs (the rehearsal's uploads and reads, the tests'); `clients_at` is the one switch of
+this process's clients to a server and back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -22,10 +27,11 @@ import pathlib
 import socket
 import subprocess
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 
-from workloads.common import errors
+from workloads.common import errors, processes
 
 # The variables gcsfs and TensorStore read for the server's URL.
 ENV_VARS = ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL")
@@ -137,6 +143,76 @@ class GcsServer:
                 raise RuntimeError(f"creating bucket {name}: HTTP {resp.status}")
         return name
 
+    def client(self) -> Client:
+        """A client of this server's JSON API."""
+        return Client(self.url)
+
+
+def _bucket_and_name(uri: str) -> tuple[str, str]:
+    bucket, _, name = uri.removeprefix("gs://").partition("/")
+    return bucket, name
+
+
+@dataclasses.dataclass(frozen=True)
+class Client:
+    """Objects written, read, listed and deleted through the GCS JSON API at `url` (a
+    GcsServer's, or a proxy's in front of one), by gs:// URI: the standard library only, no
+    gcsfs and no cache.
+
+    Every call raises urllib.error.HTTPError for an error answer (404: no such object or
+    bucket) and urllib.error.URLError (an OSError) when the server cannot be reached.
+
+    The rehearsal's gcloud stand-in speaks the same protocol with its own copy of these calls:
+    it runs on its VMs' system python3, where this package is not installed.
+    """
+
+    url: str
+    timeout_s: float = 60.0
+
+    def _call(self, method: str, path: str, data: bytes | None = None) -> bytes:
+        request = urllib.request.Request(  # noqa: S310 (a loopback server's http:// URL)
+            self.url + path, data=data, method=method
+        )
+        if data is not None:
+            request.add_header("Content-Type", "application/octet-stream")
+        with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:  # noqa: S310
+            return bytes(resp.read())
+
+    @staticmethod
+    def _object(uri: str) -> str:
+        bucket, name = _bucket_and_name(uri)
+        return f"/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}"
+
+    def put(self, uri: str, data: bytes) -> None:
+        """Writes the object `uri` (gs://bucket/name) with `data`, replacing any."""
+        bucket, name = _bucket_and_name(uri)
+        query = urllib.parse.urlencode({"uploadType": "media", "name": name})
+        self._call("POST", f"/upload/storage/v1/b/{bucket}/o?{query}", data)
+
+    def get(self, uri: str) -> bytes:
+        """The bytes of the object `uri`."""
+        return self._call("GET", self._object(uri) + "?alt=media")
+
+    def names(self, uri: str) -> list[str]:
+        """The names (without gs://bucket/) of the objects whose names start with `uri`'s part
+        after the bucket; every page of the listing."""
+        bucket, prefix = _bucket_and_name(uri)
+        names: list[str] = []
+        token = ""
+        while True:
+            query = urllib.parse.urlencode(
+                {"prefix": prefix, **({"pageToken": token} if token else {})}
+            )
+            page = json.loads(self._call("GET", f"/storage/v1/b/{bucket}/o?{query}") or b"{}")
+            names += [item["name"] for item in page.get("items", [])]
+            token = page.get("nextPageToken", "")
+            if not token:
+                return names
+
+    def delete(self, uri: str) -> None:
+        """Deletes the object `uri`."""
+        self._call("DELETE", self._object(uri))
+
 
 def clear_gcsfs_state() -> None:
     """Forgets gcsfs's cached file system instances (and with them their listing caches and
@@ -165,6 +241,20 @@ def point_clients_at(url: str) -> None:
 
 
 @contextlib.contextmanager
+def clients_at(url: str) -> Iterator[None]:
+    """`point_clients_at(url)` for the block; after it, the variables as they were before and
+    gcsfs's cached instances (bound to `url`) forgotten. The one switch of the environment to a
+    server and back: `serving`, the rehearsal and the tests' fixtures use it."""
+    with processes.environment({HNS_ENV: "false", **dict.fromkeys(ENV_VARS, url)}):
+        point_clients_at(url)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(ImportError):
+                clear_gcsfs_state()
+
+
+@contextlib.contextmanager
 def serving(root: pathlib.Path, bucket: str) -> Iterator[GcsServer]:
     """A server with the bucket `bucket` (created unless its directory is already under `root`),
     gcsfs and TensorStore of this process and its children pointed at it, for the block; the
@@ -174,20 +264,12 @@ def serving(root: pathlib.Path, bucket: str) -> Iterator[GcsServer]:
         errors.UserError: the wrapper package is missing.
         RuntimeError: the server did not start.
     """
-    saved = {name: os.environ.get(name) for name in (*ENV_VARS, HNS_ENV)}
     server = GcsServer(root)
     server.start()
     try:
         if not (root / bucket).is_dir():
             server.new_bucket(bucket)
-        point_clients_at(server.url)
-        yield server
+        with clients_at(server.url):
+            yield server
     finally:
         server.kill()
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        with contextlib.suppress(ImportError):
-            clear_gcsfs_state()
