@@ -36,8 +36,6 @@ from infra.tpu import api as tpu_api
 from infra.vm import roles
 from workloads.common import cli_options, errors, stage_records
 
-ROLES = roles.names()
-
 
 def _connections(info: VmInfo) -> list[fabric.Connection]:
     return [ssh.connect(host, info.settings) for host in info.hosts]
@@ -237,7 +235,8 @@ def status_record(
                 ]
                 worker["stages"] = stage_text
             record["workers"].append(worker)
-        if info.role == "train":
+        row = roles.find(info.role)
+        if row is not None and row.has_training_metrics:
             reachable = next(
                 (c for c, f in zip(conns, futures, strict=True) if f.exception() is None), None
             )
@@ -430,34 +429,34 @@ def build_parser() -> argparse.ArgumentParser:
         cli_options.add_stack(p, on_subcommand=True)  # `ops status -s dev` as `ops -s dev status`
         return p
 
-    def add(name: str, help_text: str, default_vm: str) -> argparse.ArgumentParser:
+    def add(
+        name: str, help_text: str, default_vm: roles.VmRole = roles.TRAIN
+    ) -> argparse.ArgumentParser:
         p = command(name, help_text)
-        p.add_argument("--vm", choices=ROLES, default=default_vm, help="which VM")
+        p.add_argument("--vm", choices=roles.names(), default=default_vm.name, help="which VM")
         return p
 
     json_help = "print one JSON object instead of the text (for scripts; the keys are stable)"
-    add("status", "TPU state, units and boot stages per worker, last step and loss", "train")
+    add("status", "TPU state, units and boot stages per worker, last step and loss")
     sub.choices["status"].add_argument("--json", action="store_true", help=json_help)
     command(
         "cost",
         "what the stack runs now, its hourly price and about what it has cost",
         cost.__doc__.splitlines()[0] if cost.__doc__ else None,
     ).add_argument("--json", action="store_true", help=json_help)
-    p = add("logs", "the units' journal from every worker, prefixed by host", "train")
+    p = add("logs", "the units' journal from every worker, prefixed by host")
     p.add_argument("-f", "--follow", action="store_true", help="keep streaming")
     p.add_argument("-n", "--lines", type=int, default=100, help="lines of history per worker")
-    add("stop", "stop the job's units on every worker", "train")
-    add(
-        "restart", "restart the job on every worker (training resumes from its checkpoint)", "train"
-    )
-    p = add("ssh", "open a shell on a worker (or run a command there)", "train")
+    add("stop", "stop the job's units on every worker")
+    add("restart", "restart the job on every worker (training resumes from its checkpoint)")
+    p = add("ssh", "open a shell on a worker (or run a command there)")
     p.add_argument("--worker", type=int, default=0, help="worker index")
     p.add_argument(
         "remote_command", nargs=argparse.REMAINDER, help="command to run instead of a shell"
     )
-    p = add("tunnel", "forward the serving port to localhost", "serve")
+    p = add("tunnel", "forward the serving port to localhost", roles.SERVE)
     p.add_argument("--port", type=int, help="local port (default: the serving port)")
-    recover.add_arguments(add("recover", recover.HELP, "train"))
+    recover.add_arguments(add("recover", recover.HELP))
     return parser
 
 
@@ -532,6 +531,7 @@ def _status(
         OpsError: no such VM (and, without a scope to scan, no deployments at all).
     """
     watcher = _controller_line(outputs)
+    recovered = roles.role(role).recovered_by_controller  # the controller watches this VM
     not_deployed = None
     try:
         info: VmInfo | None = vm_info(outputs, role)
@@ -549,7 +549,7 @@ def _status(
     )[0]
     code = 1 if record and record["failed"] else 0
     if as_json:
-        recovered_by = watcher.strip() if watcher and role == "train" else None
+        recovered_by = watcher.strip() if watcher and recovered else None
         json.dump(
             {
                 "vm": record,
@@ -567,7 +567,7 @@ def _status(
         print(f"{role} VM: {released or not_deployed}", file=out)
     else:
         print_status(record, out)
-        if watcher and role == "train":
+        if watcher and recovered:
             print(watcher, file=out)
     for line in leftover_lines:
         print(line, file=out)
@@ -626,14 +626,14 @@ def _cost(
     as_json: bool = False,
 ) -> int:
     deployments = outputs.get("deployments")
-    roles = [r for r in ROLES if isinstance(deployments, dict) and r in deployments]
+    deployed = [r for r in roles.names() if isinstance(deployments, dict) and r in deployments]
     released = release_message(outputs)
-    if released is None and not roles:
+    if released is None and not deployed:
         raise OpsError("the stack has no 'deployments' output: run `pulumi up` first")
     always_on = _controller_cost(outputs)
     infos = _deployed(outputs)
     lines, extra = leftovers.report_lines(outputs, infos, tpu_client_factory)
-    client = tpu_api.client(tpu_client_factory) if roles else None
+    client = tpu_api.client(tpu_client_factory) if deployed else None
     try:
         return cost.run(
             infos,
@@ -653,14 +653,13 @@ def _deployed(outputs: dict[str, Any]) -> list[VmInfo]:
     """The VMs the stack's state holds (its deployments; none when the training VM was
     released and serving is off)."""
     deployments = outputs.get("deployments")
-    if release_message(outputs) is not None and isinstance(deployments, dict):
-        deployments = {k: v for k, v in deployments.items() if k != "train"}
     if not isinstance(deployments, dict):
         return []
+    # A VM that gave its node back is gone, whatever deployment the state still records.
     return [
         vm_info({"deployments": deployments}, role, require_hosts=False)
-        for role in ROLES
-        if role in deployments
+        for role in roles.names()
+        if role in deployments and release_message(outputs, role) is None
     ]
 
 

@@ -654,12 +654,11 @@ def request_uri(args: argparse.Namespace) -> str:
     from infra.ops.stack_outputs import load_outputs, release_message
 
     outputs = load_outputs(args.stack, args.outputs)
-    if args.vm == "train":
-        released = release_message(outputs)
-        if released is not None:
-            from infra.errors import Released
+    released = release_message(outputs, args.vm)  # a VM that gave its node back has no node
+    if released is not None:
+        from infra.errors import Released
 
-            raise Released(released)
+        raise Released(released)
     uri = outputs.get(f"{args.vm}RecoveryRecord")
     if not isinstance(uri, str) or not uri:
         raise OpsError(

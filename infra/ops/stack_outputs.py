@@ -1,9 +1,9 @@
 """What the stack's outputs say about its VMs, for the operator commands (ops, recover).
 
-The `deployments` output maps a role ("train", "serve") to what infra.components.stack_deployments
-exports as `ops_info` (worker addresses, SSH identity, units, run directory, serving port);
-VmInfo (infra/resources/deployment_record.py) is that record, typed, and the one thing the
-commands pass around.
+The `deployments` output maps a role's name (infra/vm/roles.py) to what
+infra.components.stack_deployments exports as `ops_info` (worker addresses, SSH identity, units,
+run directory, serving port); VmInfo (infra/resources/deployment_record.py) is that record,
+typed, and the one thing the commands pass around.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 from infra.errors import CloudRefused, OpsError, Released
 from infra.ops.stack_client import StackClient, StackClientError
 from infra.resources.deployment_record import VmInfo
+from infra.vm import roles
 
 __all__ = [
     "CloudRefused",
@@ -51,18 +52,22 @@ def load_outputs(stack: str | None = None, outputs_file: str | None = None) -> d
     return data
 
 
-def release_message(outputs: dict[str, Any]) -> str | None:
-    """What the `trainReleased` output says, as one line; None when the training VM was not
-    released (training.releaseWhenDone)."""
-    released = outputs.get("trainReleased")
-    if not isinstance(released, dict):
-        return None
-    return (
-        f"the training VM {released.get('node') or outputs.get('trainNode')} was released "
-        f"when run {released.get('run_name', '?')} finished "
-        f"({released.get('released_at', '?')}; {released.get('marker', 'released.json')}): "
-        "set a new runName and `pulumi up` to train again"
-    )
+def release_message(outputs: dict[str, Any], role: str | None = None) -> str | None:
+    """What the `<role>Released` output of a role that gives its node back says (the training
+    VM's `trainReleased`, training.releaseWhenDone), as one line; None when that VM was not
+    released. `role`: the role asked about; None = any."""
+    asked = roles.ROLES if role is None else tuple(r for r in roles.ROLES if r.name == role)
+    for row in asked:
+        released = outputs.get(row.output("Released")) if row.releasable else None
+        if isinstance(released, dict):
+            return (
+                f"the {row.noun} VM {released.get('node') or outputs.get(row.output('Node'))} "
+                f"was released when run {released.get('run_name', '?')} finished "
+                f"({released.get('released_at', '?')}; "
+                f"{released.get('marker', 'released.json')}): "
+                "set a new runName and `pulumi up` to train again"
+            )
+    return None
 
 
 def vm_info(outputs: dict[str, Any], role: str, *, require_hosts: bool = True) -> VmInfo:
@@ -71,7 +76,7 @@ def vm_info(outputs: dict[str, Any], role: str, *, require_hosts: bool = True) -
     Raises:
         OpsError: the stack has no deployments output, no such VM, or no worker addresses.
     """
-    released = release_message(outputs) if role == "train" else None
+    released = release_message(outputs, role)
     if released is not None:
         raise Released(released)
     deployments = outputs.get("deployments")
@@ -82,7 +87,8 @@ def vm_info(outputs: dict[str, Any], role: str, *, require_hosts: bool = True) -
     data = deployments.get(role)
     if not isinstance(data, dict):
         have = ", ".join(sorted(deployments)) or "none"
-        hint = " (the serving VM exists only with serving.enabled: true)" if role == "serve" else ""
+        row = roles.find(role)
+        hint = f" ({row.absent_hint})" if row is not None and row.absent_hint else ""
         raise OpsError(f"the stack has no {role} VM{hint}; it has: {have}")
     info = VmInfo.model_validate({**data, "role": role})
     if require_hosts and not info.hosts:
