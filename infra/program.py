@@ -63,16 +63,6 @@ class StackResources:
     outputs: dict[str, Any] = dataclasses.field(default_factory=dict)
     released: dict[str, Any] | None = None
 
-    @property
-    def train_vm(self) -> tpu_mod.TpuVm | None:
-        """The training VM; None once the run finished and released it (release_record)."""
-        return self.vms.get("train")
-
-    @property
-    def serve_vm(self) -> tpu_mod.TpuVm | None:
-        """The serving VM; None when serving is off."""
-        return self.vms.get("serve")
-
 
 # ---------------------------------------------------------------------------------------------
 # Pure helpers (named functions for Output.apply)
@@ -98,17 +88,17 @@ def tunnel_command(user: str, key_file: str | None, port: int, ips: list[str]) -
 
 
 def hourly_cost(cfg: config_mod.StackConfig) -> dict[str, Any]:
-    """Estimated cost per hour of what the stack runs, from the catalog."""
-    training = catalog.accelerator(cfg.training.accelerator).hourly_usd
-    serving = (
-        catalog.accelerator(cfg.serving.accelerator).hourly_usd if cfg.serving.enabled else 0.0
-    )
-    return {
-        "training": training,
-        "serving": serving,
-        "total": round(training + serving, 2),
-        "basis": COST_BASIS,
+    """Estimated cost per hour of what the stack runs, from the catalog: one entry per role,
+    under its noun (`training`, `serving`; 0 when the stack does not have it), and the total."""
+    prices = {
+        row.noun: (
+            catalog.accelerator(row.section(cfg).accelerator).hourly_usd
+            if row.declared(cfg, False)  # the price of a run, whether or not it gave its node back
+            else 0.0
+        )
+        for row in roles.ROLES
     }
+    return {**prices, "total": round(sum(prices.values()), 2), "basis": COST_BASIS}
 
 
 def resolve_ssh_keys(cfg: config_mod.StackConfig) -> str:
@@ -463,12 +453,8 @@ def declare_deployments(
 def stack_outputs(res: StackResources) -> dict[str, Any]:
     """The stack outputs (all plain: names, addresses, paths, prices; never a secret)."""
     cfg = res.config
-    user, key = cfg.ssh.user, cfg.ssh.private_key_file
     train = res.run_config.train
     outputs: dict[str, Any] = {
-        "trainNode": cfg.training_node_name,
-        # Where the node was placed (the first of training.zone + zoneFallbacks with capacity).
-        "trainZone": res.train_vm.zone if res.train_vm is not None else cfg.training.zone,
         "serviceAccount": res.service_account.email,
         "bucketUrls": {"training": res.training_bucket.url, "serving": res.serving_bucket.url},
         "runDir": train.output_dir,
@@ -481,30 +467,43 @@ def stack_outputs(res: StackResources) -> dict[str, Any]:
         # Where `infra.ops status`/`cost` look for this stack's TPUs the state does not hold.
         "tpuScope": tpu_scope(cfg, res.labels),
     }
-    if res.train_vm is not None:
-        outputs |= {
-            "trainPlacement": res.train_vm.placement,
-            "trainWorkerIps": res.train_vm.external_ips,
-            "trainSshCommands": res.train_vm.external_ips.apply(
-                functools.partial(ssh_commands, user, key)
-            ),
-        }
-    if res.released is not None:
-        outputs["trainReleased"] = res.released
-    for role, vm in res.vms.items():  # what `infra.ops recover --vm <role>` recreates it from
-        if vm.record_uri is not None:
-            outputs[f"{role}RecoveryRecord"] = vm.record_uri
+    for row in roles.ROLES:
+        outputs |= vm_outputs(res, row)
     if res.recovery is not None:
         outputs["recoveryController"] = res.recovery.outputs
-    if res.serve_vm is not None:
+    return outputs
+
+
+def vm_outputs(res: StackResources, row: roles.VmRole) -> dict[str, Any]:
+    """The outputs of one role's VM, named by the role (row.output): `<role>Node`, `<role>Zone`
+    (where it was placed: the first of zone + zoneFallbacks with capacity), `<role>Placement`,
+    `<role>WorkerIps`, `<role>SshCommands`, `<role>RecoveryRecord` (what `infra.ops recover --vm
+    <role>` recreates it from), and for a role with a serving port the endpoint and the tunnel
+    command. A role that gave its node back keeps its node and zone and adds `<role>Released`,
+    what infra.ops names in its message; a role the stack does not have has none."""
+    cfg = res.config
+    user, key = cfg.ssh.user, cfg.ssh.private_key_file
+    vm = res.vms.get(row.name)
+    outputs: dict[str, Any] = {}
+    if vm is None and not row.releasable:
+        return outputs
+    outputs[row.output("Node")] = row.node_name(cfg)
+    outputs[row.output("Zone")] = vm.zone if vm is not None else row.section(cfg).zone
+    if row.releasable and res.released is not None:
+        outputs[row.output("Released")] = res.released
+    if vm is None:
+        return outputs
+    ips = vm.external_ips
+    outputs |= {
+        row.output("Placement"): vm.placement,
+        row.output("WorkerIps"): ips,
+        row.output("SshCommands"): ips.apply(functools.partial(ssh_commands, user, key)),
+    }
+    if vm.record_uri is not None:
+        outputs[row.output("RecoveryRecord")] = vm.record_uri
+    if row.has_serving_port:
         port = cfg.serving.port
-        ips = res.serve_vm.external_ips
         outputs |= {
-            "serveNode": cfg.serving_node_name,
-            "serveZone": res.serve_vm.zone,
-            "servePlacement": res.serve_vm.placement,
-            "serveWorkerIps": ips,
-            "serveSshCommands": ips.apply(functools.partial(ssh_commands, user, key)),
             "servingEndpoint": ips.apply(functools.partial(endpoint_url, port)),
             "servingTunnelCommand": ips.apply(functools.partial(tunnel_command, user, key, port)),
         }
