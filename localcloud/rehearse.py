@@ -47,7 +47,7 @@ from localcloud import (
     stages,
     throttle,
 )
-from localcloud.errors import CannotBoot, MachineError
+from localcloud.errors import CannotBoot, MachineError, RehearsalError
 from localcloud.machine import Machine
 from workloads.train import runlock
 
@@ -67,12 +67,10 @@ LEASE_S = 20
 # Long enough for python, the venv, the deploy, the data and a compile on 2 busy cores; the new VM
 # after the preemption stages at full speed (nothing more to show, and CI's time is counted).
 WEIGHTS_S = 150.0
+# run's exit status when this machine cannot build or boot containers (not root, a tool missing).
+EXIT_CANNOT_BOOT = 2
 # What a rehearsal owns in its workdir, removed when the next one starts.
 OWNED = ("gcs", "vms", "logs", "ssh", "tiny-model", "data.jsonl")
-
-
-class RehearsalError(RuntimeError):
-    """A stage failed: one line naming it and where to look."""
 
 
 @dataclasses.dataclass
@@ -110,7 +108,8 @@ class Rehearsal:
         started = time.monotonic()
         try:
             yield note
-        except (MachineError, OSError, subprocess.SubprocessError, InfraError) as exc:
+        except (OSError, subprocess.SubprocessError, InfraError) as exc:
+            # InfraError: infra's own, and the local cloud's (localcloud/errors.py).
             raise RehearsalError(f"stage {name}: {exc}") from exc
         seconds = time.monotonic() - started
         self.stages.append(Stage(name, seconds, "; ".join(note)))
@@ -387,7 +386,7 @@ def run(
         rootfs.check_tools()
     except CannotBoot as exc:
         say(f"rehearse: {exc}")
-        return 2
+        return EXIT_CANNOT_BOOT
     workdir.mkdir(parents=True, exist_ok=True)
     for owned in OWNED:
         # A rehearsal starts from an empty cloud: no bucket objects, VMs or host keys of the last.
@@ -398,7 +397,7 @@ def run(
     signal.signal(signal.SIGTERM, _interrupted)
     try:
         _life_of_a_run(rehearsal)
-    except (RehearsalError, CannotBoot) as exc:
+    except InfraError as exc:  # a stage's RehearsalError, a LocalCloudError or infra's own
         say(f"rehearse: FAILED: {exc} (logs: {workdir / 'logs'})")
         return 1
     except KeyboardInterrupt:
