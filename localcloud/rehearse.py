@@ -319,21 +319,19 @@ def _ssh_key(workdir: pathlib.Path) -> tuple[pathlib.Path, str]:
 
 
 def _deploy(props: dict[str, Any], host: str, key: pathlib.Path, known_hosts: pathlib.Path) -> None:
-    """Runs `pulumi up`'s SshDeployment create on `host`: the provider's own code, with the
-    rehearsal's key and known_hosts in place of the stack file's (the state is portable)."""
+    """Runs `pulumi up`'s SshDeployment deploy on `host`: the provider's own code (what its
+    create and update run), with the rehearsal's key and known_hosts in place of the stack
+    file's (the state is portable)."""
     from infra.remote import ssh
     from infra.resources import ssh_deployment
 
     settings = ssh.SshSettings(
         user=props["ssh_user"], key_path=str(key), known_hosts=str(known_hosts), port=22
     )
-
-    class Inputs(ssh_deployment.DeploymentInputs):
-        def settings(self) -> ssh.SshSettings:
-            return settings
-
-    inputs = Inputs.model_validate({**props, "hosts": [host], "ready_timeout_s": 900.0})
-    ssh_deployment.SshDeploymentProvider()._deploy(inputs)
+    inputs = ssh_deployment.DeploymentInputs.model_validate(
+        {**props, "hosts": [host], "ready_timeout_s": 900.0}
+    )
+    ssh_deployment.SshDeploymentProvider().deploy(inputs, settings)
 
 
 def _wait(what: str, check: Callable[[], bool], timeout_s: float, vm: cloud_vm.CloudVm) -> None:

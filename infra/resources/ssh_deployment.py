@@ -281,14 +281,14 @@ class SshDeploymentProvider(pulumi.dynamic.ResourceProvider):
 
     def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
         inputs = DeploymentInputs.model_validate(props)
-        outs = self._deploy(inputs)
+        outs = self.deploy(inputs)
         return pulumi.dynamic.CreateResult(id_=f"{inputs.vm}-workloads", outs=outs)
 
     def update(
         self, _id: str, _olds: dict[str, Any], news: dict[str, Any]
     ) -> pulumi.dynamic.UpdateResult:
         inputs = DeploymentInputs.model_validate(news)
-        return pulumi.dynamic.UpdateResult(outs=self._deploy(inputs))
+        return pulumi.dynamic.UpdateResult(outs=self.deploy(inputs))
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
         # Stopping units is best effort: the VM is usually being deleted too (or was preempted
@@ -317,10 +317,24 @@ class SshDeploymentProvider(pulumi.dynamic.ResourceProvider):
                 conn.close()
         _forget_hosts(inputs, settings)
 
-    def _deploy(self, inputs: DeploymentInputs) -> dict[str, Any]:
+    def deploy(
+        self, inputs: DeploymentInputs, settings: SshSettings | None = None
+    ) -> dict[str, Any]:
+        """Deploys the bundle to every worker of `inputs` and returns the outputs to store: what
+        create and update run, and what the rehearsal runs on its container VMs.
+
+        Args:
+            settings: how to reach the workers; None: this machine's (`inputs.settings()`: the
+                key file and known_hosts its stack file names). The rehearsal passes its own
+                key and known_hosts.
+
+        Raises:
+            InfraError: the node cannot be where the state says (`check_node`), or the deploy
+                failed on a worker (infra.remote's DeployError).
+        """
         check_node(inputs)
         bundle = inputs.local_bundle()
-        settings = inputs.settings()
+        settings = settings or inputs.settings()
         conns = inputs.connections(settings)
         try:
             results = remote.deploy_all(

@@ -145,6 +145,26 @@ def test_create_update_delete_against_a_worker(
 
 
 @pytest.mark.sshd
+def test_the_public_deploy_reaches_the_worker_with_the_callers_settings(
+    worker: Worker, wheel: workloads_wheel.Wheel
+) -> None:
+    """What the rehearsal calls (localcloud/rehearse.py): the deploy create and update run, with
+    its own key and known_hosts in place of what the state's stack resolves to here."""
+    provider = ssh_deployment.SshDeploymentProvider()
+    provider.ready_initial_delay_s = 0.1
+    # A stack with no file here: the state alone would find no key on this machine.
+    access = worker.access.model_copy(update={"stack": "elsewhere"})
+    props = provider_props(str(worker.root), wheel, access, [worker.host])
+    inputs = ssh_deployment.DeploymentInputs.model_validate(props)
+
+    outs = provider.deploy(inputs, worker.settings)
+
+    assert outs["changed_hosts"] == [f"{worker.host}:{worker.port}"]
+    assert outs["fingerprint"] == make_bundle(str(worker.root), wheel).fingerprint
+    assert (worker.root / "etc/systemd/system/gemma4-train.service").exists()
+
+
+@pytest.mark.sshd
 def test_delete_of_a_vanished_worker_succeeds(worker: Worker, wheel: workloads_wheel.Wheel) -> None:
     props = provider_props(
         str(worker.root),
