@@ -14,9 +14,9 @@ grants the program declared.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-import os
 import pathlib
 import threading
 from collections.abc import Callable
@@ -28,27 +28,34 @@ from infra.tpu import placement as tpu_placement
 from localcloud import cloud_vm, stack_plan
 from localcloud import iam as iam_mod
 from localcloud import tpu_api as local_tpu
+from workloads.common import processes
 
 OPERATOR = "rehearsal-operator"
-# What the rehearsal's process points at the local API (restored when it ends).
-ENV_VARS = (tpu_api.ENDPOINT_ENV, "GOOGLE_APPLICATION_CREDENTIALS")
+# gcloud's endpoint setting and Application Default Credentials: what the rehearsal's process
+# points at the local API (restored when it ends).
+CREDENTIALS_ENV = "GOOGLE_APPLICATION_CREDENTIALS"
+
+NewVm = Callable[[stack_plan.VmPlan, str, str], cloud_vm.CloudVm]
+Halted = Callable[[cloud_vm.CloudVm], None]
 
 
 class VmHooks:
     """What becomes of a node's workers here: one container VM per node (the rehearsed slices
     have one worker), made by `new_vm(plan, service_account, token)` and booted without waiting
-    for its boot to end (as a create returns before the startup script does)."""
+    for its boot to end (as a create returns before the startup script does). `iam` is the
+    API's: it issues the token of the node's service account."""
 
     def __init__(
         self,
         plans: dict[str, stack_plan.VmPlan],
-        new_vm: Callable[[stack_plan.VmPlan, str, str], cloud_vm.CloudVm],
-        halted: Callable[[cloud_vm.CloudVm], None],
+        new_vm: NewVm,
+        halted: Halted,
+        iam: iam_mod.Iam,
     ) -> None:
         self.plans = {plan.node_id: plan for plan in plans.values()}
         self.new_vm = new_vm
         self.halted = halted
-        self.iam = iam_mod.Iam()  # the API's, once it runs (ControlPlane sets it)
+        self.iam = iam
         self.vms: dict[str, cloud_vm.CloudVm] = {}  # node name -> its (last) VM
         self._lock = threading.Lock()
 
@@ -89,15 +96,19 @@ class Placed:
 
 class ControlPlane:
     """The local Cloud TPU API for one rehearsal, with the program's grants in force and this
-    process's client pointed at it (`close` restores the environment)."""
+    process's client pointed at it (`close` restores the environment); its nodes boot as the
+    VMs `new_vm` makes and stop through `halted` (VmHooks)."""
 
-    def __init__(self, plan: stack_plan.StackPlan, workdir: pathlib.Path, hooks: VmHooks) -> None:
+    def __init__(
+        self, plan: stack_plan.StackPlan, workdir: pathlib.Path, new_vm: NewVm, halted: Halted
+    ) -> None:
         self.plan = plan
         project = str(plan.config["project"])
-        self.hooks = hooks
-        self.api = local_tpu.TpuApiServer(project, hooks)
-        hooks.iam = self.api.iam
-        self.api.iam.grants += iam_mod.from_resources(plan.iam)
+        # One IAM, made first: the API checks every call against it, and the hooks issue the
+        # tokens of the nodes' service accounts from it.
+        iam = iam_mod.Iam(iam_mod.from_resources(plan.iam))
+        self.hooks = VmHooks(plan.vms, new_vm, halted, iam)
+        self.api = local_tpu.TpuApiServer(project, self.hooks, iam=iam)
         email = f"{OPERATOR}@{project}.iam.gserviceaccount.com"
         self.api.iam.owner(f"serviceAccount:{email}")  # the person running `pulumi up`
         key = workdir / "operator-key.json"
@@ -105,9 +116,10 @@ class ControlPlane:
             json.dumps(self.api.iam.new_key_file(email, project, self.api.url + "/token"))
         )
         key.chmod(0o600)
-        self._saved = {name: os.environ.get(name) for name in ENV_VARS}
-        os.environ[tpu_api.ENDPOINT_ENV] = self.api.url
-        os.environ["GOOGLE_APPLICATION_CREDENTIALS"] = str(key)
+        self._undo = contextlib.ExitStack()
+        self._undo.enter_context(
+            processes.environment({tpu_api.ENDPOINT_ENV: self.api.url, CREDENTIALS_ENV: str(key)})
+        )
         self.provider = tpu_node.TpuNodeProvider()
         self.placed: dict[str, Placed] = {}  # role -> its node now
 
@@ -130,8 +142,4 @@ class ControlPlane:
 
     def close(self) -> None:
         self.api.stop()
-        for name, value in self._saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        self._undo.close()

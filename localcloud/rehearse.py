@@ -217,8 +217,7 @@ class Rehearsal:
                 self.keep_logs(vm)
             vm.machine.preempt()
 
-        hooks = control_plane.VmHooks(cloud.plan.vms, new_vm, halted)
-        self.control = control_plane.ControlPlane(cloud.plan, self.workdir, hooks)
+        self.control = control_plane.ControlPlane(cloud.plan, self.workdir, new_vm, halted)
         return self.control
 
     def keep_logs(self, vm: cloud_vm.CloudVm) -> pathlib.Path:

@@ -123,10 +123,17 @@ class TpuApiServer:
         queue_s: (state, seconds) a queued resource spends in each waiting state.
     """
 
-    def __init__(self, project: str, hooks: Hooks | None = None, port: int = 0) -> None:
+    def __init__(
+        self,
+        project: str,
+        hooks: Hooks | None = None,
+        port: int = 0,
+        iam: iam_mod.Iam | None = None,
+    ) -> None:
         self.project = project
         self.hooks: Hooks = hooks or NoWorkers()
-        self.iam = iam_mod.Iam()
+        # Given when the hooks need it too (the rehearsal's VMs get their tokens from it).
+        self.iam = iam if iam is not None else iam_mod.Iam()
         self.zones: dict[str, Zone] = {}
         self.nodes: dict[str, dict[str, Any]] = {}
         self.queued: dict[str, dict[str, Any]] = {}
