@@ -17,7 +17,6 @@ import dataclasses
 import functools
 import json
 import math
-import os
 import pathlib
 import re
 import shutil
@@ -27,7 +26,6 @@ import subprocess
 import sys
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -35,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from infra.config import stack_config
+from infra.config import runconfig_render, stack_config
 from infra.errors import InfraError
 from infra.vm import layout
 from localcloud import (
@@ -49,6 +47,7 @@ from localcloud import (
 )
 from localcloud.errors import CannotBoot, MachineError, RehearsalError
 from localcloud.machine import Machine
+from workloads.common import gcs_server
 from workloads.train import runlock
 
 # GCE's Debian 12 image as the boot path sees it, with sshd and sudo (a VM has both), and
@@ -90,8 +89,9 @@ class Rehearsal:
         self.stages: list[Stage] = []
         self.vms: list[cloud_vm.CloudVm] = []
         self.servers: list[metadata_server.MetadataServer] = []
-        self.storage: Any = None
-        self._saved_env: dict[str, str | None] = {}
+        self.storage: gcs_server.GcsServer | None = None
+        # What close undoes: this process's clients pointed at the storage server.
+        self._undo = contextlib.ExitStack()
         self.addresses = 0
         self.ran: list[str] = []
         self.control: control_plane.ControlPlane | None = None
@@ -121,46 +121,29 @@ class Rehearsal:
         """Starts the GCS protocol server and points this process's gcsfs and TensorStore at
         it (restored by close): the program's own gs:// reads (released.json with
         releaseWhenDone) go to the stack's buckets here as they go to GCS on a real `up`."""
-        from workloads.common import gcs_server
-
         self.storage = gcs_server.GcsServer(self.workdir / "gcs" / "objects")
         self.storage.root.parent.mkdir(parents=True, exist_ok=True)
         self.storage.start()
-        names = (*gcs_server.ENV_VARS, gcs_server.HNS_ENV)
-        self._saved_env = {name: os.environ.get(name) for name in names}
-        gcs_server.point_clients_at(self.storage.url)
-        return str(self.storage.url)
+        self._undo.enter_context(gcs_server.clients_at(self.storage.url))
+        return self.storage.url
+
+    @property
+    def gcs(self) -> gcs_server.Client:
+        """The storage server's objects, read and written directly (not through a VM)."""
+        return self._storage().client()
+
+    def _storage(self) -> gcs_server.GcsServer:
+        if self.storage is None:
+            raise RehearsalError("the storage server is not started (start_storage)")
+        return self.storage
 
     def add_buckets(self, buckets: list[str]) -> None:
         for name in buckets:
             try:
-                self.storage.new_bucket(name)
+                self._storage().new_bucket(name)
             except urllib.error.HTTPError as exc:
                 if exc.code != 409:  # 409: there already (a kept objects folder)
                     raise
-
-    def put(self, uri: str, data: bytes) -> None:
-        bucket, _, name = uri.removeprefix("gs://").partition("/")
-        query = urllib.parse.urlencode({"uploadType": "media", "name": name})
-        req = urllib.request.Request(
-            f"{self.storage.url}/upload/storage/v1/b/{bucket}/o?{query}", data=data, method="POST"
-        )
-        urllib.request.urlopen(req, timeout=60).close()
-
-    def get(self, uri: str) -> bytes:
-        bucket, _, name = uri.removeprefix("gs://").partition("/")
-        quoted = urllib.parse.quote(name, safe="")
-        url = f"{self.storage.url}/storage/v1/b/{bucket}/o/{quoted}?alt=media"
-        with urllib.request.urlopen(url, timeout=60) as resp:
-            return bytes(resp.read())
-
-    def list(self, uri: str) -> list[str]:
-        bucket, _, prefix = uri.removeprefix("gs://").partition("/")
-        query = urllib.parse.urlencode({"prefix": prefix})
-        with urllib.request.urlopen(
-            f"{self.storage.url}/storage/v1/b/{bucket}/o?{query}", timeout=30
-        ) as resp:
-            return [item["name"] for item in json.loads(resp.read()).get("items", [])]
 
     def new_vm(
         self,
@@ -190,7 +173,7 @@ class Rehearsal:
             machine,
             address,
             server,
-            self.slow_reads.url if self.slow_reads is not None else self.storage.url,
+            self.slow_reads.url if self.slow_reads is not None else self._storage().url,
             tpu_url=tpu_url,
             settings={runlock.LEASE_ENV: str(LEASE_S)},
         )
@@ -238,7 +221,7 @@ class Rehearsal:
         `weights_s`: the VMs reach the storage through SlowReads. Returns a note."""
         rate = size / self.weights_s
         pattern = re.compile(re.escape(model_uri.rstrip("/")) + r"/[^/]+\.safetensors$")
-        self.slow_reads = throttle.SlowReads(str(self.storage.url), pattern, rate)
+        self.slow_reads = throttle.SlowReads(self._storage().url, pattern, rate)
         return (
             f"weights read at {rate / 1024:.0f} KiB/s ({size / 2**20:.1f} MiB in "
             f"{self.weights_s:.0f} s, as a large model stages)"
@@ -262,16 +245,7 @@ class Rehearsal:
         if self.storage is not None:
             self.storage.kill()
         self.vms, self.servers, self.storage = [], [], None
-        for name, value in self._saved_env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        if self._saved_env:
-            from workloads.common import gcs_server
-
-            gcs_server.clear_gcsfs_state()
-        self._saved_env = {}
+        self._undo.close()
 
 
 def _bindable(address: str, port: int) -> bool:
@@ -297,13 +271,6 @@ def _free_index(start: int) -> int:
 
 def _interrupted(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
-
-
-def _script_value(script: str, name: str) -> str:
-    match = re.search(rf"^readonly {name}=(\S+)$", script, re.MULTILINE)
-    if not match:
-        raise RehearsalError(f"the startup script has no {name}")
-    return match.group(1)
 
 
 def _ssh_key(workdir: pathlib.Path) -> tuple[pathlib.Path, str]:
@@ -446,18 +413,19 @@ def prepare_training(
 
         r.add_buckets(plan.buckets)
         for uri, data in plan.objects.items():  # what `pulumi up` uploads (recovery records...)
-            r.put(uri, data)
-        script = train.metadata["startup-script"]
-        model_uri = _script_value(script, "MODEL_URI")
-        marker_uri = _script_value(script, "MODEL_MARKER_URI")
+            r.gcs.put(uri, data)
+        # Where the startup script stages the model from: the renderer's answer for this config.
+        cfg = plan.stack_config()
+        model_uri = runconfig_render.base_model_uri(cfg)
+        marker_uri = runconfig_render.base_model_marker_uri(cfg)
         local_model = r.workdir / "tiny-model"
         shutil.rmtree(local_model, ignore_errors=True)
         tiny_model.write_tiny_model(
             local_model, global_kv_heads=tiny_model.TP4_GLOBAL_KV_HEADS, dtype="bfloat16"
         )
         for path in sorted(local_model.iterdir()):
-            r.put(f"{model_uri}/{path.name}", path.read_bytes())
-        r.put(marker_uri, b"gemma4-tpu/gemma-4-tiny-random\n")
+            r.gcs.put(f"{model_uri}/{path.name}", path.read_bytes())
+        r.gcs.put(marker_uri, b"gemma4-tpu/gemma-4-tiny-random\n")
         if r.weights_s > 0:
             size = sum(p.stat().st_size for p in local_model.glob("*.safetensors"))
             note.append(r.slow_down_weights(model_uri, size))
@@ -465,7 +433,7 @@ def prepare_training(
         dataset_uri = run_config["data"]["dataset"]
         local_data = r.workdir / "data.jsonl"
         synthetic.write_synthetic_codev(str(local_data), 200)
-        r.put(dataset_uri, local_data.read_bytes())
+        r.gcs.put(dataset_uri, local_data.read_bytes())
         note.append(f"storage {storage}; tiny model -> {model_uri}; data -> {dataset_uri}")
     with r.stage("image") as note:
         tree = rootfs.ensure(VM_PACKAGES)
@@ -513,7 +481,7 @@ def _life_of_a_run(r: Rehearsal) -> None:
 
         def intact() -> bool:
             # A step is resumable once Orbax committed it and the trainer wrote its checksums.
-            names = set(r.list(f"{run_dir}/checkpoints/"))
+            names = set(r.gcs.names(f"{run_dir}/checkpoints/"))
             saved[:] = sorted(
                 int(m.group(1))
                 for n in names
@@ -556,12 +524,12 @@ def _life_of_a_run(r: Rehearsal) -> None:
             "the trainer to finish",
             lambda: (
                 _unit_state(vm2, "gemma4-train.service") in ("inactive", "failed", "gone")
-                and f"{run_dir.split('/', 3)[3]}/train_summary.json" in r.list(run_dir)
+                and f"{run_dir.split('/', 3)[3]}/train_summary.json" in r.gcs.names(run_dir)
             ),
             900,
             vm2,
         )
-        summary = json.loads(r.get(f"{run_dir}/train_summary.json"))
+        summary = json.loads(r.gcs.get(f"{run_dir}/train_summary.json"))
         steps = run_config["train"]["max_steps"]
         if summary.get("resumed_from_step", 0) < saved[-1] or summary.get("total_steps") != steps:
             raise RehearsalError(
@@ -583,12 +551,13 @@ def _life_of_a_run(r: Rehearsal) -> None:
         _wait(
             "the merge",
             lambda: all(
-                n in {m.rsplit("/", 1)[-1] for m in r.list(merged)} for n in merged_weights.MARKERS
+                n in {m.rsplit("/", 1)[-1] for m in r.gcs.names(merged)}
+                for n in merged_weights.MARKERS
             ),
             600,
             vm2,
         )
-        meta = json.loads(r.get(f"{merged}/merge_metadata.json"))
+        meta = json.loads(r.gcs.get(f"{merged}/merge_metadata.json"))
         note.append(f"{vm2.name}: merged step {meta.get('step', '?')} into {merged}")
         r.ran.append(
             f"{vm2.name}: startup script (venv from the bucket's archive), resume, merge, release"
@@ -665,7 +634,7 @@ def _wait_released(
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if control.api.state(node) is None and any(
-            n.endswith("/released.json") for n in r.list(run_dir)
+            n.endswith("/released.json") for n in r.gcs.names(run_dir)
         ):
             return
         time.sleep(2)
@@ -726,7 +695,7 @@ def _serving(r: Rehearsal, cloud: TrainingCloud, control: control_plane.ControlP
             _wait(f"the {job} unit", functools.partial(_unit_done, vm, unit), 900, vm)
             if _unit_state(vm, unit) == "failed":
                 raise RehearsalError(f"the {job} unit failed: " + _journal_tail(vm, unit))
-            if not r.list(results):
+            if not r.gcs.names(results):
                 raise RehearsalError(f"the {job} unit wrote nothing to {results}")
             note.append(f"{vm.name}: {unit} finished, results and report in {results}")
     r.ran.append(f"{vm.name}: serving startup script, deploy, vLLM serving, eval, bench, report")

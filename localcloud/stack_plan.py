@@ -14,6 +14,8 @@ import dataclasses
 import pathlib
 from typing import Any
 
+from infra.config import model as config_mod
+from infra.config import stack_config
 from localcloud import pulumi_mocks
 
 DEPLOYMENT = "pulumi-python:dynamic/gemma4:SshDeployment"
@@ -91,6 +93,11 @@ class StackPlan:
     """(type token, inputs) of every resource the program declared: the local IAM reads its
     roles and bindings from them (localcloud/iam.py)."""
 
+    def stack_config(self) -> config_mod.StackConfig:
+        """The config the program ran with, parsed as the program parses it: what the
+        renderers (infra/config/runconfig_render.py) take to say where things live."""
+        return stack_config.parse_stack_config(self.config, validate=False)
+
 
 def merged(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
     """A deep copy of `base` with `overlay`'s keys set (sections merged, not replaced)."""
@@ -107,7 +114,7 @@ def rehearsal_config(
     stack: str, public_key: str, private_key_file: pathlib.Path, serving: bool
 ) -> dict[str, Any]:
     """The stack file's `gemma4-tpu:*` mapping with the rehearsal's overlay."""
-    mapping = pulumi_mocks.stack_config.read_stack_file(pulumi_mocks.ROOT / f"Pulumi.{stack}.yaml")
+    mapping = stack_config.read_stack_file(pulumi_mocks.ROOT / f"Pulumi.{stack}.yaml")
     overlay = merged(
         OVERLAY,
         {

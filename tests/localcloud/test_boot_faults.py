@@ -18,8 +18,6 @@ import re
 import subprocess
 import threading
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -130,7 +128,7 @@ def test_a_vm_killed_during_the_deploys_switch_converges_on_the_next_deploy(clou
     # boot, and the deploy then has nothing to switch (the case is the deploy's own switch).
     for uri in training.plan.objects:
         if uri.endswith("-release.tar.gz"):
-            _delete(cloud, uri)
+            cloud.gcs.delete(uri)
     vm = cloud.new_vm(training.train, training.tree)
     vm.boot(wait=False)
     real = ssh_deployment.progress
@@ -157,15 +155,6 @@ def test_a_vm_killed_during_the_deploys_switch_converges_on_the_next_deploy(clou
     assert active.stdout.strip() in ("active", "activating")
     current = vm.machine.run(["readlink", "-f", "/opt/gemma4/current"], check=False).stdout
     assert "/releases/" in current
-
-
-def _delete(cloud: rehearse.Rehearsal, uri: str) -> None:
-    bucket, _, name = uri.removeprefix("gs://").partition("/")
-    quoted = urllib.parse.quote(name, safe="")
-    request = urllib.request.Request(
-        f"{cloud.storage.url}/storage/v1/b/{bucket}/o/{quoted}", method="DELETE"
-    )
-    urllib.request.urlopen(request, timeout=30).close()
 
 
 def keep_full(path: pathlib.Path, stop: threading.Event) -> None:
