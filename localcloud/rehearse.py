@@ -71,6 +71,36 @@ EXIT_CANNOT_BOOT = 2
 # What a rehearsal owns in its workdir, removed when the next one starts.
 OWNED = ("gcs", "vms", "logs", "ssh", "tiny-model", "data.jsonl")
 
+# How long each stage's wait may take before the stage fails. The stages' times measured on the
+# 2-core development VM with a CI run beside it (docs/benchmarks.md, "The local rehearsal") are
+# the yardstick: each limit is several times its wait's measured time, room for a slower or
+# busier machine, and still minutes, not the hour a hung VM would bill on GCP.
+# The startup script to its ready marker (apt, the venv by uv), then the deploy over SSH: the
+# SshDeployment's ready_timeout_s, an hour on a real VM (the deploy stage took 92 s).
+READY_S = 900.0
+# The recovery controller's first look at the training node: its recover.sh (apt, its user and
+# venv) ran beside the training VM's boot and deploy, so little is left by then (6 s measured);
+# 600 s covers its whole boot had the deploy been quick.
+CONTROLLER_S = 600.0
+# The first intact checkpoint: the rest of the weights at WEIGHTS_S, the step's compile on JAX's
+# CPU backend and 4 steps (213 s measured).
+CHECKPOINT_S = 900.0
+# The controller's 30 s check seeing PREEMPTED, the node recreated, and the new VM's boot to its
+# trainer: venv from the bucket's archive, the release installed (77 s measured).
+RECOVER_S = 900.0
+# A whole run-lock lease (LEASE_S) watched unrenewed, then steps 5-12 (105 s measured).
+RESUME_S = 900.0
+# The merge unit, which starts when the trainer ends: the merged shards in the bucket (4 s
+# measured; the tiny model's merge reads and writes a few MiB).
+MERGE_S = 600.0
+# The release unit's record and the VM's delete of its own node through the API (2 s measured).
+RELEASE_S = 300.0
+# The serving VM's /health after its deploy: vLLM's CPU build loading the merged model (the
+# serve stage, boot and deploy included, took 69 s).
+HEALTH_S = 900.0
+# The eval or the bench unit to its end, with the report (13 s and 12 s measured).
+JOB_S = 900.0
+
 
 @dataclasses.dataclass
 class Stage:
@@ -295,7 +325,7 @@ def _deploy(props: dict[str, Any], host: str, key: pathlib.Path, known_hosts: pa
         user=props["ssh_user"], key_path=str(key), known_hosts=str(known_hosts), port=22
     )
     inputs = ssh_deployment.DeploymentInputs.model_validate(
-        {**props, "hosts": [host], "ready_timeout_s": 900.0}
+        {**props, "hosts": [host], "ready_timeout_s": READY_S}
     )
     ssh_deployment.SshDeploymentProvider().deploy(inputs, settings)
 
@@ -443,6 +473,34 @@ def prepare_training(
     )
 
 
+@dataclasses.dataclass
+class TrainingRun:
+    """The training node's run as the stages hand it on: the node, its VM now, the recovery
+    controller's VM, and the last step saved intact before the preemption."""
+
+    cloud: TrainingCloud
+    control: control_plane.ControlPlane
+    node: str = ""
+    vm: cloud_vm.CloudVm | None = None
+    controller: cloud_vm.CloudVm | None = None
+    saved: int = 0
+
+    @property
+    def run_dir(self) -> str:
+        return str(self.cloud.run_config["train"]["output_dir"])
+
+    def on(self) -> cloud_vm.CloudVm:
+        """The node's VM now (the first, or the one recovery booted)."""
+        if self.vm is None:
+            raise RehearsalError("the training node has no VM yet (the boot stage)")
+        return self.vm
+
+    def watching(self) -> cloud_vm.CloudVm:
+        if self.controller is None:
+            raise RehearsalError("the recovery controller has no VM yet")
+        return self.controller
+
+
 def _life_of_a_run(r: Rehearsal) -> None:
     # recovery.enabled: the controller VM watches the training node through the API and
     # recreates it after the preemption (its own code; nothing here does it for it).
@@ -450,102 +508,154 @@ def _life_of_a_run(r: Rehearsal) -> None:
     cloud = prepare_training(
         r, {"recovery": {"enabled": True, "intervalSeconds": 30}}, serving=True
     )
-    run_config = cloud.run_config
-    control = r.start_control_plane(cloud)
+    run = TrainingRun(cloud, r.start_control_plane(cloud))
+    _boot(r, run)
+    run.controller = _boot_controller(r, cloud, run.control)
+    _deploy_training(r, run)
+    _controller_watching(r, run)  # before the first checkpoint: the preemption must find it
+    _train(r, run)
+    _preempt(r, run)
+    _recover(r, run)
+    _resume(r, run)
+    _merge(r, run)
+    if "gemma4-release.service" in cloud.deployment["units"]:
+        _release(r, run)
+    run.control.destroy("train")  # without a release: `pulumi destroy` deletes it
+    _serving(r, cloud, run.control)
+    r.ran.append(
+        f"{run.watching().name}: the recovery controller (recover.sh, then `python -m infra.ops "
+        f"recover --watch` as its own account): {_recover_lines(run.watching())[-1]}"
+    )
+    answered, refused = run.control.calls()
+    r.ran.append(
+        f"the control plane: {answered} Cloud TPU API calls, each checked against the program's "
+        f"IAM ({refused} answered with an error, as placement and reads expect)"
+    )
+
+
+def _boot(r: Rehearsal, run: TrainingRun) -> None:
     with r.stage("boot") as note:
-        placed = control.up("train")
-        vm = control.hooks.vms[placed.id]
+        placed = run.control.up("train")
+        run.node, run.vm = placed.id, run.control.hooks.vms[placed.id]
         note.append(
-            f"{vm.name} at {placed.address}: node created in {placed.outs['zone']} by the TpuNode "
-            "provider through the local Cloud TPU API"
+            f"{run.vm.name} at {placed.address}: node created in {placed.outs['zone']} by the "
+            "TpuNode provider through the local Cloud TPU API"
         )
-    controller = _boot_controller(r, cloud, control)
+
+
+def _deploy_training(r: Rehearsal, run: TrainingRun) -> None:
+    vm = run.on()
     with r.stage("deploy") as note:
-        cloud.deploy(vm)
+        run.cloud.deploy(vm)
         note.append(f"{vm.name}: ready marker seen, workloads deployed over SSH")
         r.ran.append(
             f"{vm.name}: startup script (venv installed by uv), deploy, training until preempted"
         )
-    # Before the first checkpoint: the preemption must find the controller watching.
+
+
+def _controller_watching(r: Rehearsal, run: TrainingRun) -> None:
+    controller = run.watching()
     with r.stage("control") as note:
         _wait(
             "the recovery controller's first look at the training node",
             lambda: bool(_recover_lines(controller)),
-            600,
+            CONTROLLER_S,
             controller,
         )
         note.append(f"{controller.name}: watching; {_recover_lines(controller)[-1]}")
-    run_dir = run_config["train"]["output_dir"]
+
+
+def _saved_steps(r: Rehearsal, run_dir: str) -> list[int]:
+    """The steps saved resumable in the bucket: Orbax committed them and the trainer wrote their
+    checksums."""
+    names = set(r.gcs.names(f"{run_dir}/checkpoints/"))
+    return sorted(
+        int(m.group(1))
+        for n in names
+        if (m := re.search(r"/checkpoints/(\d+)/commit_success\.txt$", n))
+        and n.replace("commit_success.txt", "checksums.json") in names
+    )
+
+
+def _train(r: Rehearsal, run: TrainingRun) -> None:
+    vm = run.on()
     with r.stage("train") as note:
-        saved: list[int] = []
-
-        def intact() -> bool:
-            # A step is resumable once Orbax committed it and the trainer wrote its checksums.
-            names = set(r.gcs.names(f"{run_dir}/checkpoints/"))
-            saved[:] = sorted(
-                int(m.group(1))
-                for n in names
-                if (m := re.search(r"/checkpoints/(\d+)/commit_success\.txt$", n))
-                and n.replace("commit_success.txt", "checksums.json") in names
-            )
-            return bool(saved)
-
-        _wait("an intact checkpoint in the bucket", intact, 900, vm)
-        note.append(f"step {saved[-1]} saved intact to {run_dir}/checkpoints")
+        _wait(
+            "an intact checkpoint in the bucket",
+            lambda: bool(_saved_steps(r, run.run_dir)),
+            CHECKPOINT_S,
+            vm,
+        )
+        run.saved = _saved_steps(r, run.run_dir)[-1]
+        note.append(f"step {run.saved} saved intact to {run.run_dir}/checkpoints")
         if r.slow_reads is not None:
             note.append(_overlap(vm))
             r.slow_reads.bytes_per_s = 0.0  # full speed from here on
+
+
+def _preempt(r: Rehearsal, run: TrainingRun) -> None:
     with r.stage("preempt") as note:
-        control.api.preempt(placed.id)
+        run.control.api.preempt(run.node)
         note.append(
-            f"{vm.name}: the API took the node back (PREEMPTED, SIGKILL to PID 1) after step "
-            f"{saved[-1]} was saved"
+            f"{run.on().name}: the API took the node back (PREEMPTED, SIGKILL to PID 1) after "
+            f"step {run.saved} was saved"
         )
+
+
+def _recover(r: Rehearsal, run: TrainingRun) -> None:
+    control, node, old = run.control, run.node, run.on()
     with r.stage("recover") as note:
         _wait(
             "the controller to recreate the node and its trainer to start",
             lambda: (
-                control.hooks.vms.get(placed.id) not in (None, vm)
-                and control.api.state(placed.id) == "READY"
-                and _unit_state(control.hooks.vms[placed.id], "gemma4-train.service")
+                control.hooks.vms.get(node) not in (None, old)
+                and control.api.state(node) == "READY"
+                and _unit_state(control.hooks.vms[node], "gemma4-train.service")
                 in ("active", "activating")
             ),
-            900,
-            controller,
+            RECOVER_S,
+            run.watching(),
         )
-        vm2 = control.hooks.vms[placed.id]
-        creator = _created_by(control, placed.id)
+        run.vm = control.hooks.vms[node]
+        creator = _created_by(control, node)
         note.append(
-            f"{creator.removeprefix('serviceAccount:')} recreated the node; {vm2.name} booted, "
+            f"{creator.removeprefix('serviceAccount:')} recreated the node; {run.vm.name} booted, "
             "installed the release from the bucket and started its trainer (no deploy)"
         )
+
+
+def _resume(r: Rehearsal, run: TrainingRun) -> None:
+    vm, run_dir = run.on(), run.run_dir
     with r.stage("resume") as note:
         _wait(
             "the trainer to finish",
             lambda: (
-                _unit_state(vm2, "gemma4-train.service") in ("inactive", "failed", "gone")
+                _unit_state(vm, "gemma4-train.service") in ("inactive", "failed", "gone")
                 and f"{run_dir.split('/', 3)[3]}/train_summary.json" in r.gcs.names(run_dir)
             ),
-            900,
-            vm2,
+            RESUME_S,
+            vm,
         )
         summary = json.loads(r.gcs.get(f"{run_dir}/train_summary.json"))
-        steps = run_config["train"]["max_steps"]
-        if summary.get("resumed_from_step", 0) < saved[-1] or summary.get("total_steps") != steps:
+        steps = run.cloud.run_config["train"]["max_steps"]
+        if summary.get("resumed_from_step", 0) < run.saved or summary.get("total_steps") != steps:
             raise RehearsalError(
-                f"the new VM's trainer did not resume from step {saved[-1]} to {steps}: "
+                f"the new VM's trainer did not resume from step {run.saved} to {steps}: "
                 f"resumed_from_step={summary.get('resumed_from_step')}, "
                 f"total_steps={summary.get('total_steps')}"
             )
         note.append(
-            f"{vm2.name}: resumed from step {summary['resumed_from_step']}, "
+            f"{vm.name}: resumed from step {summary['resumed_from_step']}, "
             f"finished step {steps} (loss {summary['first_loss']:.3f} -> "
             f"{summary['final_loss']:.3f})"
         )
-    merged = run_config["merge"]["out"]
-    with r.stage("merge") as note:
-        from workloads.serve import merged_weights
 
+
+def _merge(r: Rehearsal, run: TrainingRun) -> None:
+    from workloads.serve import merged_weights
+
+    vm, merged = run.on(), run.cloud.run_config["merge"]["out"]
+    with r.stage("merge") as note:
         # What a finished merge leaves last (the release waits for the same files), read from
         # the bucket only: right after it the VM may release itself, and be gone.
         _wait(
@@ -554,33 +664,25 @@ def _life_of_a_run(r: Rehearsal) -> None:
                 n in {m.rsplit("/", 1)[-1] for m in r.gcs.names(merged)}
                 for n in merged_weights.MARKERS
             ),
-            600,
-            vm2,
+            MERGE_S,
+            vm,
         )
         meta = json.loads(r.gcs.get(f"{merged}/merge_metadata.json"))
-        note.append(f"{vm2.name}: merged step {meta.get('step', '?')} into {merged}")
+        note.append(f"{vm.name}: merged step {meta.get('step', '?')} into {merged}")
         r.ran.append(
-            f"{vm2.name}: startup script (venv from the bucket's archive), resume, merge, release"
+            f"{vm.name}: startup script (venv from the bucket's archive), resume, merge, release"
         )
-    if "gemma4-release.service" in cloud.deployment["units"]:
-        with r.stage("release") as note:
-            _wait_released(r, control, placed.id, run_dir, vm2)
-            deleter = _deleted_by(control, placed.id)
-            note.append(
-                f"{vm2.name}: released.json in {run_dir}; the VM deleted its own node through "
-                f"the API as {deleter.removeprefix('serviceAccount:')} (IAM: its self-service role)"
-            )
-    control.destroy("train")  # without a release: `pulumi destroy` deletes it
-    _serving(r, cloud, control)
-    r.ran.append(
-        f"{controller.name}: the recovery controller (recover.sh, then `python -m infra.ops "
-        f"recover --watch` as its own account): {_recover_lines(controller)[-1]}"
-    )
-    answered, refused = control.calls()
-    r.ran.append(
-        f"the control plane: {answered} Cloud TPU API calls, each checked against the program's "
-        f"IAM ({refused} answered with an error, as placement and reads expect)"
-    )
+
+
+def _release(r: Rehearsal, run: TrainingRun) -> None:
+    vm = run.on()
+    with r.stage("release") as note:
+        _wait_released(r, run.control, run.node, run.run_dir, vm)
+        deleter = _deleted_by(run.control, run.node)
+        note.append(
+            f"{vm.name}: released.json in {run.run_dir}; the VM deleted its own node through "
+            f"the API as {deleter.removeprefix('serviceAccount:')} (IAM: its self-service role)"
+        )
 
 
 def _overlap(vm: cloud_vm.CloudVm) -> str:
@@ -631,7 +733,7 @@ def _wait_released(
 ) -> None:
     """Waits for the training VM's release: its record in the run directory and its node gone
     from the API (the VM's own delete; the API then kills the VM)."""
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + RELEASE_S
     while time.monotonic() < deadline:
         if control.api.state(node) is None and any(
             n.endswith("/released.json") for n in r.gcs.names(run_dir)
@@ -639,8 +741,8 @@ def _wait_released(
             return
         time.sleep(2)
     raise RehearsalError(
-        f"the VM's release: node {node} is {control.api.state(node)} after 300 s (its gcloud "
-        f"log: {_gcloud_log(vm).strip().splitlines()[-1:] or 'empty'})"
+        f"the VM's release: node {node} is {control.api.state(node)} after {RELEASE_S:.0f} s "
+        f"(its gcloud log: {_gcloud_log(vm).strip().splitlines()[-1:] or 'empty'})"
     )
 
 
@@ -671,35 +773,47 @@ def _deleted_by(control: control_plane.ControlPlane, node: str) -> str:
 def _serving(r: Rehearsal, cloud: TrainingCloud, control: control_plane.ControlPlane) -> None:
     """The serving VM boots its startup script (apt, venv, docker, verilog-eval, the merged
     model staged from the bucket), is deployed to, serves the merged model with the CPU build of
-    vLLM (the docker stand-in), and its eval unit scores it and writes the results."""
-
+    vLLM (the docker stand-in), and its eval and bench units run against it."""
     serve = cloud.plan.vms.get("serve")
     if serve is None or serve.deployment is None:
         raise RehearsalError("serving.enabled declared no serving VM or deployment")
     run_config = yaml.safe_load(serve.deployment["run_config_yaml"])
+    vm = _serve(r, cloud, control, serve.deployment, run_config["serve"]["port"])
+    for job in ("eval", "bench"):
+        if f"gemma4-{job}.service" in serve.deployment["units"]:
+            _job(r, vm, job, run_config[job]["results_dir"])
+    r.ran.append(f"{vm.name}: serving startup script, deploy, vLLM serving, eval, bench, report")
+    control.destroy("serve")  # `pulumi destroy`: through the API, which stops the VM
+
+
+def _serve(
+    r: Rehearsal,
+    cloud: TrainingCloud,
+    control: control_plane.ControlPlane,
+    deployment: dict[str, Any],
+    port: int,
+) -> cloud_vm.CloudVm:
     with r.stage("serve") as note:
         placed = control.up("serve")
         vm = control.hooks.vms[placed.id]
-        _deploy(serve.deployment, placed.address, cloud.key, cloud.known_hosts)
-        port = run_config["serve"]["port"]
-        _wait("the server's /health", lambda: _healthy(port), 900, vm)
+        _deploy(deployment, placed.address, cloud.key, cloud.known_hosts)
+        _wait("the server's /health", lambda: _healthy(port), HEALTH_S, vm)
         note.append(
             f"{vm.name}: merged model staged, vLLM (CPU build, docker stand-in) healthy on :{port}"
         )
-    for job in ("eval", "bench"):
-        unit = f"gemma4-{job}.service"
-        if unit not in serve.deployment["units"]:
-            continue
-        results = run_config[job]["results_dir"]
-        with r.stage(job) as note:
-            _wait(f"the {job} unit", functools.partial(_unit_done, vm, unit), 900, vm)
-            if _unit_state(vm, unit) == "failed":
-                raise RehearsalError(f"the {job} unit failed: " + _journal_tail(vm, unit))
-            if not r.gcs.names(results):
-                raise RehearsalError(f"the {job} unit wrote nothing to {results}")
-            note.append(f"{vm.name}: {unit} finished, results and report in {results}")
-    r.ran.append(f"{vm.name}: serving startup script, deploy, vLLM serving, eval, bench, report")
-    control.destroy("serve")  # `pulumi destroy`: through the API, which stops the VM
+    return vm
+
+
+def _job(r: Rehearsal, vm: cloud_vm.CloudVm, job: str, results: str) -> None:
+    """The serving VM's eval or bench unit to its end, its results in the bucket."""
+    unit = f"gemma4-{job}.service"
+    with r.stage(job) as note:
+        _wait(f"the {job} unit", functools.partial(_unit_done, vm, unit), JOB_S, vm)
+        if _unit_state(vm, unit) == "failed":
+            raise RehearsalError(f"the {job} unit failed: " + _journal_tail(vm, unit))
+        if not r.gcs.names(results):
+            raise RehearsalError(f"the {job} unit wrote nothing to {results}")
+        note.append(f"{vm.name}: {unit} finished, results and report in {results}")
 
 
 def _healthy(port: int) -> bool:
