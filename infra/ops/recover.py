@@ -365,11 +365,23 @@ def recover_pass(
         f"{label}: PREEMPTED, TERMINATED or gone; recreating it "
         f"(recovery {state['recoveries'] + 1}/{limits.max_recoveries})"
     )
-    result = _recreate(api, target, 1, say, (clock, poll_s, sleep))
-    if result.outcome == RECREATED:  # a zone-less pass (no capacity anywhere) is not counted
-        state["recoveries"] += 1
-        journal.save(state)
+    # Counted before the create: a caller killed while it is in flight (the controller
+    # restarted) has made this recovery, and the restarted one adopts the node uncounted.
+    state["recoveries"] += 1
+    journal.save(state)
+    try:
+        result = _recreate(api, target, 1, say, (clock, poll_s, sleep))
+    except Exception:  # the API refused or failed: the next pass tries again, counted once
+        _uncount(state, journal)
+        raise
+    if result.outcome != RECREATED:  # a zone-less pass (no capacity anywhere) is not counted
+        _uncount(state, journal)
     return result
+
+
+def _uncount(state: dict[str, Any], journal: Journal) -> None:
+    state["recoveries"] -= 1
+    journal.save(state)
 
 
 def _attempt(node: Mapping[str, Any]) -> int | None:

@@ -275,6 +275,71 @@ def test_a_caller_restarted_mid_recovery_adopts_the_node_being_created(
     assert _live(tpu_cloud) == [_name()]
 
 
+class Killed(BaseException):
+    """The caller's process ends here (SIGKILL, a reboot): nothing after it runs."""
+
+
+class KilledAtCreate:
+    """A PlacementApi whose node create is sent, and the caller killed before it returns."""
+
+    def __init__(self, api: tpu_api.GoogleTpuApi) -> None:
+        self.api = api
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.api, name)
+
+    def create_node(self, parent: str, node_id: str, node: Any) -> None:
+        tpu_api.tpu_client().create_node(parent=parent, node_id=node_id, node=dict(node))
+        raise Killed
+
+
+def test_a_caller_killed_during_its_create_has_counted_the_recovery(
+    tpu_cloud: local_tpu.TpuApiServer, tmp_path: pathlib.Path
+) -> None:
+    """The restarted caller adopts the node without counting it: the count is the killed
+    one's, journaled before its create (else a recovery is forgotten, and --max-recoveries
+    counts one short per restart)."""
+    target = _target(tmp_path)
+    _place(target)
+    tpu_cloud.preempt(_name())
+    path = str(tmp_path / "journal.json")
+    with pytest.raises(Killed):
+        recover.recover_pass(
+            KilledAtCreate(tpu_api.GoogleTpuApi()),
+            target,
+            io.StringIO(),
+            journal=recover.Journal(path),
+        )
+    result, lines = _pass(target, journal=recover.Journal(path))  # the restarted caller
+    assert result.outcome == recover.WAITING and not any("recreating" in x for x in lines), lines
+    tpu_cloud.wait_state(_name(), ("READY",), 10)
+    assert _live(tpu_cloud) == [_name()]
+    assert recover.Journal(path).load(recover.request_digest(target.request))["recoveries"] == 1
+
+
+class RefusedAtCreate(KilledAtCreate):
+    """A PlacementApi whose node create the API refuses (a role without tpu.nodes.create)."""
+
+    def create_node(self, parent: str, node_id: str, node: Any) -> None:
+        from google.api_core import exceptions
+
+        raise exceptions.PermissionDenied("Permission 'tpu.nodes.create' denied")
+
+
+def test_a_recovery_whose_create_failed_is_not_counted(
+    tpu_cloud: local_tpu.TpuApiServer, tmp_path: pathlib.Path
+) -> None:
+    target = _target(tmp_path)
+    _place(target)
+    tpu_cloud.preempt(_name())
+    journal = recover.Journal(str(tmp_path / "journal.json"))
+    with pytest.raises(Exception, match=r"tpu\.nodes\.create"):
+        recover.recover_pass(
+            RefusedAtCreate(tpu_api.GoogleTpuApi()), target, io.StringIO(), journal=journal
+        )
+    assert journal.load(recover.request_digest(target.request))["recoveries"] == 0
+
+
 def test_a_caller_restarted_while_its_queue_waits_adopts_the_queue(
     tpu_cloud: local_tpu.TpuApiServer, tmp_path: pathlib.Path
 ) -> None:
