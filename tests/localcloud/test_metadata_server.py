@@ -12,6 +12,7 @@ import pytest
 from localcloud import metadata_server
 
 ADDRESS = "127.0.1.250"
+_port = 0  # the running server's: it binds a free one (two runs of this file at once share none)
 
 
 @pytest.fixture
@@ -25,13 +26,15 @@ def server():
             {"startup-script": "#!/bin/bash\necho hi\n"}, 1, ["10.0.0.2", "10.0.0.3"]
         ),
     )
-    srv = metadata_server.MetadataServer(instance, ADDRESS, port=8089)
+    global _port
+    srv = metadata_server.MetadataServer(instance, ADDRESS, port=0)
+    _port = srv.port
     yield srv
     srv.stop()
 
 
 def get(path: str, header: bool = True) -> tuple[int, str]:
-    req = urllib.request.Request(f"http://{ADDRESS}:8089/computeMetadata/v1/{path}")
+    req = urllib.request.Request(f"http://{ADDRESS}:{_port}/computeMetadata/v1/{path}")
     if header:
         req.add_header("Metadata-Flavor", "Google")
     try:
