@@ -234,10 +234,14 @@ class Rehearsal:
         return self.control
 
     def keep_logs(self, vm: cloud_vm.CloudVm) -> pathlib.Path:
-        """Copies the VM's startup log and journal under workdir/logs/<vm> (its disk goes)."""
+        """Copies the VM's startup log, journal and stage records under workdir/logs/<vm> (its
+        disk goes). The stage records feed `benchmarks/startup.py --stage-records`."""
         out = self.workdir / "logs" / vm.name
         out.mkdir(parents=True, exist_ok=True)
         (out / "gemma4-startup.log").write_text(vm.startup_log())
+        with contextlib.suppress(OSError):
+            stages = vm.machine.root / layout.RemoteLayout().stages_file.lstrip("/")
+            shutil.copy(stages, out / "stages.jsonl")
         with contextlib.suppress(MachineError):
             if vm.machine.running():
                 journal = vm.machine.run(["journalctl", "--no-pager", "-o", "short"], check=False)
