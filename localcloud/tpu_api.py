@@ -10,7 +10,9 @@ alone (`CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU`, infra/tpu/api.py).
 What it models, as GCP does it:
 - a node moves CREATING -> READY (its `Hooks.boot` makes the workers: a container VM in the
   rehearsal), READY -> PREEMPTED (`preempt`, the workers killed), STOPPING -> STOPPED ->
-  STARTING -> READY, DELETING -> gone;
+  STARTING -> READY, DELETING (`delete_s`, its name still taken) -> gone; a node deleted while
+  CREATING ends its create's operation in an error (ABORTED, modelled: the reference does not
+  say which) and its workers are stopped;
 - a queued resource moves ACCEPTED -> WAITING_FOR_RESOURCES -> PROVISIONING -> ACTIVE on the
   schedule `queue_s` sets, and waits while its zone has no capacity;
 - errors: 404 NOT_FOUND, 409 ALREADY_EXISTS, 403 PERMISSION_DENIED (every call is checked against
@@ -49,6 +51,7 @@ ACCELERATOR_TYPES = ("v5p-8", "v5p-16", "v5p-32", "v6e-8", "v6e-16")
 RUNTIME_VERSIONS = ("v2-alpha-tpuv5", "v2-alpha-tpuv6e", "tpu-ubuntu2204-base")
 # gRPC codes of the errors an operation can end with (google.rpc.Code).
 RESOURCE_EXHAUSTED = 8
+ABORTED = 10
 
 
 class ApiError(Exception):
@@ -120,6 +123,8 @@ class TpuApiServer:
         zones: per zone, how it answers (a zone not listed answers normally).
         calls: (member, method, resource name, HTTP status) of every call, in order.
         create_s: how long a node stays CREATING before its workers boot.
+        delete_s: how long a deleted node stays DELETING, its name taken, before it is gone
+            (minutes on GCP; 0 here unless a test sets it).
         queue_s: (state, seconds) a queued resource spends in each waiting state.
     """
 
@@ -140,6 +145,7 @@ class TpuApiServer:
         self.operations: dict[str, dict[str, Any]] = {}
         self.calls: list[tuple[str, str, str, int]] = []
         self.create_s = 0.2
+        self.delete_s = 0.0
         self.queue_s: list[tuple[str, float]] = [
             ("WAITING_FOR_RESOURCES", 1.0),
             ("PROVISIONING", 0.5),
@@ -457,21 +463,36 @@ class TpuApiServer:
             addresses = self.hooks.boot(copy.deepcopy(node))
         except Exception as exc:  # a worker that cannot start: the create fails, as on GCP
             with self._lock:
-                self.nodes.pop(node["name"], None)
+                self._forget(self.nodes, node)
             if op is not None:
                 self._finish(
                     op, error=(13, f"Internal error: the node's workers did not start: {exc}")
                 )
             return
         with self._lock:
-            if self.nodes.get(node["name"]) is not node:
-                return  # deleted while it was being created
-            node["networkEndpoints"] = [
-                {"ipAddress": a, "port": 8470, "accessConfig": {"externalIp": a}} for a in addresses
-            ]
-            node["state"] = "READY"
+            deleted = self.nodes.get(node["name"]) is not node
+            if not deleted:
+                node["networkEndpoints"] = [
+                    {"ipAddress": a, "port": 8470, "accessConfig": {"externalIp": a}}
+                    for a in addresses
+                ]
+                node["state"] = "READY"
+                if op is not None:
+                    self._finish(op, {"@type": NODE_TYPE, **copy.deepcopy(node)})
+        if deleted:
+            # Deleted while it was being created: the workers it just got go too, and its
+            # create ends in an error instead of never (the caller waiting on it is told).
+            self.hooks.halt(copy.deepcopy(node), "deleted")
             if op is not None:
-                self._finish(op, {"@type": NODE_TYPE, **copy.deepcopy(node)})
+                self._finish(
+                    op, error=(ABORTED, f"The node {node['name']} was deleted while being created")
+                )
+
+    @staticmethod
+    def _forget(table: dict[str, dict[str, Any]], item: dict[str, Any]) -> None:
+        """Drops `item` from `table` if it is still there: not a newer one under its name."""
+        if table.get(item["name"]) is item:
+            del table[item["name"]]
 
     def _nodes_delete(self, *, parent: str, name: str, **_: Any) -> dict[str, Any]:
         with self._lock:
@@ -481,8 +502,9 @@ class TpuApiServer:
 
         def work() -> None:
             self.hooks.halt(copy.deepcopy(node), "deleted")
+            time.sleep(self.delete_s)
             with self._lock:
-                self.nodes.pop(name, None)
+                self._forget(self.nodes, node)  # a second delete of it must not take a new one
             self._finish(op)
 
         self._later(work)

@@ -95,6 +95,53 @@ def test_the_apis_errors_reach_the_client_as_googles_exceptions(
         tpu_api.tpu_client().get_node(name=f"{PARENT}/nodes/n1")
 
 
+def test_a_node_deleted_while_it_is_created_ends_its_create_in_an_error(
+    tpu_cloud: local_tpu.TpuApiServer,
+) -> None:
+    """Its caller waits on the create's operation: it is told, not left waiting for ever, and
+    the workers the node got on the way are stopped."""
+    client = tpu_api.tpu_client()
+    tpu_cloud.create_s = 1.0
+    creating = client.create_node(parent=PARENT, node_id="n1", node=tpu_v2.Node(SPEC))
+    name = f"{PARENT}/nodes/n1"
+    client.delete_node(name=name).result(30)
+    with pytest.raises(exceptions.Aborted, match="was deleted while being created"):
+        creating.result(30)
+    assert tpu_cloud.state(name) is None
+    assert tpu_cloud.hooks.halted == [(name, "deleted"), (name, "deleted")]  # type: ignore[attr-defined]
+
+
+class SlowHalt(local_tpu.NoWorkers):
+    """Workers whose second halt takes `slow_s` (a VM slow to stop)."""
+
+    def __init__(self, slow_s: float) -> None:
+        super().__init__()
+        self.slow_s = slow_s
+
+    def halt(self, node: dict[str, Any], why: str) -> None:
+        super().halt(node, why)
+        if len(self.halted) == 2:
+            time.sleep(self.slow_s)
+
+
+def test_a_second_delete_of_a_deleting_node_leaves_the_next_node_of_its_name(
+    tpu_cloud: local_tpu.TpuApiServer,
+) -> None:
+    """Two callers delete a lost node at once; one creates the next node under the name as soon
+    as its delete is done: the other delete, still finishing, must not take that new node."""
+    client = tpu_api.tpu_client()
+    tpu_cloud.hooks = SlowHalt(3.0)
+    tpu_cloud.delete_s = 0.5
+    _create(client, "n1")
+    name = f"{PARENT}/nodes/n1"
+    first = client.delete_node(name=name)
+    second = client.delete_node(name=name)  # the node is DELETING: its second delete is taken
+    first.result(30)
+    node = _create(client, "n1")
+    second.result(30)
+    assert tpu_cloud.nodes[name]["id"] == str(node.id) and tpu_cloud.state(name) == "READY"
+
+
 def test_each_call_needs_its_permission_and_a_create_needs_act_as_on_the_account(
     tpu_cloud: local_tpu.TpuApiServer, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
