@@ -738,4 +738,8 @@ def run(
         result = recover_pass(api, target, out, journal=journal, limits=limits, confirm=confirm)
     except placement.PlacementError as exc:
         raise OpsError(str(exc)) from None
+    except OpsError:
+        raise
+    except Exception as exc:  # the API refused (a permission) or failed: one line, not a trace
+        raise tpu_api.call_failed(f"recovering the {_label(target)}", exc) from None
     return 1 if result.outcome == GAVE_UP else 0

@@ -465,6 +465,32 @@ def test_the_cli_runs_one_pass_from_the_recorded_request(
     assert "READY and training" in out.getvalue()
 
 
+def test_the_cli_says_an_api_refusal_in_its_pass_in_one_line(
+    tpu_cloud: local_tpu.TpuApiServer,
+    tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A laptop whose account may read and delete nodes but not create them: one line naming
+    the permission and exit 4 (Google Cloud refused), not a traceback."""
+    target = _target(tmp_path)
+    _place(target)
+    tpu_cloud.preempt(_name())
+    member = f"reader@{PROJECT}.iam.gserviceaccount.com"
+    tpu_cloud.iam.grant(
+        f"serviceAccount:{member}",
+        ["tpu.nodes.get", "tpu.nodes.list", "tpu.nodes.delete", "tpu.operations.get"],
+    )
+    monkeypatch.setenv(
+        "GOOGLE_APPLICATION_CREDENTIALS", str(fixture.key_file(tpu_cloud, member, tmp_path))
+    )
+    request = str(tmp_path / "train.json")
+    code = ops.main(["recover", "--request", request, "--yes"], out=io.StringIO())
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 4 and len(err) == 1, err
+    assert "recovering the train VM gemma4-dev-train" in err[0] and "tpu.nodes.create" in err[0]
+
+
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
