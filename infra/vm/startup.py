@@ -24,8 +24,7 @@ from workloads.common import stage_records
 from workloads.contract import catalog, runconfig
 
 
-
-class VmRole(Protocol):
+class ScriptRole(Protocol):
     """What a script reads of its role (infra/vm/roles.py's VmRole, which renders its script with
     this module: a protocol here, so that neither imports the other's name in a circle)."""
 
@@ -33,6 +32,7 @@ class VmRole(Protocol):
     def name(self) -> str: ...
 
     def node_name(self, cfg: config_mod.StackConfig) -> str: ...
+
 
 PYTHON = "python3.11"
 # The worker paths the deploy steps use too (one definition, in infra/vm/layout.py).
@@ -188,7 +188,7 @@ def _requirements_digest(
 
 def _common(
     cfg: config_mod.StackConfig,
-    role: VmRole,
+    role: ScriptRole,
     requirements: tuple[str, ...],
     shm: tuple[int, str],
     without_deps: tuple[str, ...] = (),
@@ -247,7 +247,7 @@ NO_BOOT_RELEASE = dict.fromkeys(
 
 
 def train_context(
-    cfg: config_mod.StackConfig, role: VmRole, *, has_hf_secret: bool
+    cfg: config_mod.StackConfig, role: ScriptRole, *, has_hf_secret: bool
 ) -> dict[str, Any]:
     """Variables of templates/startup/train.sh.j2 (`role`: the training VM's, roles.TRAIN)."""
     acc = catalog.accelerator(cfg.training.accelerator)
@@ -280,7 +280,7 @@ def train_context(
     }
 
 
-def serve_context(cfg: config_mod.StackConfig, role: VmRole) -> dict[str, Any]:
+def serve_context(cfg: config_mod.StackConfig, role: ScriptRole) -> dict[str, Any]:
     """Variables of templates/startup/serve.sh.j2 (`role`: the serving VM's, roles.SERVE)."""
     cache_dir = _SERVE_DEFAULTS["compile_cache_dir"].default
     shm = (sizing.serving_shm_bytes(cfg), "serving.shmWorkingSetGb")
@@ -309,7 +309,7 @@ def serve_context(cfg: config_mod.StackConfig, role: VmRole) -> dict[str, Any]:
 
 def render_train(
     cfg: config_mod.StackConfig,
-    role: VmRole,
+    role: ScriptRole,
     *,
     has_hf_secret: bool,
     release: dict[str, Any] | None = None,
@@ -321,11 +321,11 @@ def render_train(
     return templating.render(template(role), **context)
 
 
-def render_serve(cfg: config_mod.StackConfig, role: VmRole) -> str:
+def render_serve(cfg: config_mod.StackConfig, role: ScriptRole) -> str:
     """The serving VM's startup script."""
     return templating.render(template(role), **serve_context(cfg, role))
 
 
-def template(role: VmRole) -> str:
+def template(role: ScriptRole) -> str:
     """A role's startup template, under templates/: startup/<role>.sh.j2."""
     return f"startup/{role.name}.sh.j2"

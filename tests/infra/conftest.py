@@ -18,6 +18,7 @@ from infra import remote
 from infra.remote import ssh
 from infra.resources import ssh_access, ssh_deployment
 from infra.vm import roles, workloads_wheel
+from localcloud import pulumi_mocks
 from tests.fixtures.sshd import Worker
 from workloads.contract import runconfig
 
@@ -61,6 +62,14 @@ def make_run_config(
         }
         data["bench"] = {"results_dir": "gs://b/bench"}
     return runconfig.parse(data)
+
+
+@pytest.fixture(autouse=True)
+def _an_event_loop() -> None:
+    """Pulumi's mocks run on the thread's current event loop, and a test that used asyncio.run()
+    earlier in the same process leaves none: every infra test starts with one, whatever ran before
+    it in its process (pytest-xdist's workers run the files in no fixed order)."""
+    pulumi_mocks.ensure_event_loop()
 
 
 @pytest.fixture(scope="session")
