@@ -390,6 +390,44 @@ def test_a_create_refused_with_already_exists_adopts_the_other_callers_node(
     assert [c for c in tpu_cloud.calls if c[1] == "POST" and c[3] == 409], tpu_cloud.calls
 
 
+class DeletedMeanwhile:
+    """A PlacementApi after whose first read of the lost node another caller deletes it (not
+    waited on): the pass read PREEMPTED, its placement then finds the node DELETING."""
+
+    def __init__(self, api: tpu_api.GoogleTpuApi) -> None:
+        self.api = api
+        self.reads = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.api, name)
+
+    def get_node(self, name: str) -> Any:
+        node = self.api.get_node(name)
+        self.reads += 1
+        if self.reads == 1 and node is not None:
+            tpu_api.tpu_client().delete_node(name=name)
+        return node
+
+
+def test_a_node_another_caller_is_deleting_is_not_reported_as_recovered(
+    tpu_cloud: local_tpu.TpuApiServer, tmp_path: pathlib.Path
+) -> None:
+    """The other caller replaces it: this pass says so and waits, it does not adopt a node on
+    its way out as its recovery (nor count one)."""
+    target = _target(tmp_path)
+    _place(target)
+    tpu_cloud.preempt(_name())
+    tpu_cloud.delete_s = 2.0
+    journal = recover.Journal(str(tmp_path / "journal.json"))
+    out = io.StringIO()
+    result = recover.recover_pass(
+        DeletedMeanwhile(tpu_api.GoogleTpuApi()), target, out, journal=journal
+    )
+    assert result.outcome == recover.WAITING, out.getvalue()
+    assert "DELETING (another caller is replacing it)" in result.line
+    assert journal.load(recover.request_digest(target.request))["recoveries"] == 0
+
+
 def test_a_laptop_and_the_controller_at_once_make_one_node(
     tpu_cloud: local_tpu.TpuApiServer, tmp_path: pathlib.Path
 ) -> None:
