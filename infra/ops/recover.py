@@ -52,6 +52,7 @@ from infra.errors import OpsError
 from infra.tpu import api as tpu_api
 from infra.tpu import placement
 from infra.tpu import record as record_mod
+from infra.vm import roles
 from workloads.common import errors
 
 HELP = "recreate a preempted or failed TPU VM through the Cloud TPU API; the job resumes"
@@ -323,7 +324,11 @@ def recover_pass(
         if node_state == "READY":
             failed = probes.boot_failure(target.boot_reports, created)
             if failed is None and probes.progressed(target.run_dir, created):
-                line = f"{where}: READY and training (recovered {age:.0f} s ago)"
+                line = (
+                    f"{where}: READY and training (recovered {age:.0f} s ago)"
+                    if target.run_dir
+                    else f"{where}: READY (recovered {age:.0f} s ago; no training run to watch)"
+                )
                 if state["gave_up"]:  # someone fixed it and brought it back
                     state["gave_up"] = None
                     journal.save(state)
@@ -456,10 +461,17 @@ def _recreate(
         say(line)
         return Pass(WAITING, line, placed.zone)
     verb = "adopted" if placed.adopted else "created"
+    role = roles.find(target.role)
+    then = (
+        "its startup script restores the release and the job resumes from the newest checkpoint"
+        if role is None or role.recovered_by_controller
+        # Its startup script restores no release (templates/startup/_release.sh.j2 is the
+        # recovered roles'): the deploy of the next `up` brings its job.
+        else "it installs no release at boot: `pulumi up --refresh` deploys to it"
+    )
     line = (
         f"{_label(target)} {verb} in {placed.zone} "
-        f"({placed.node.get('state') or '?'}, {time.monotonic() - started:.1f} s); its startup "
-        "script restores the release and the job resumes from the newest checkpoint"
+        f"({placed.node.get('state') or '?'}, {time.monotonic() - started:.1f} s); {then}"
     )
     say(line)
     return Pass(RECREATED, line, placed.zone)

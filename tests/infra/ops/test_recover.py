@@ -113,6 +113,32 @@ def test_a_preempted_node_is_deleted_and_recreated_from_the_recorded_request(
     assert again.outcome == recover.HEALTHY and "READY and training" in lines[-1], lines
 
 
+def test_a_recreated_serving_node_is_said_to_need_a_deploy(
+    tpu_cloud: local_tpu.TpuApiServer, tmp_path: pathlib.Path
+) -> None:
+    """The serving VM installs no release at boot (only the training VM, which the controller
+    recovers, does): `recover --vm serve` recreates its node and says `pulumi up --refresh`
+    deploys to it, not that a job resumes; it has no training run to call training."""
+    data = record_mod.to_record(
+        {**_props(), "node_id": "gemma4-dev-serve", "labels": {**SPEC["labels"], "role": "serve"}},
+        role="serve",
+        run_dir=None,
+        boot_reports=str(tmp_path / "boot"),
+        node_keys=tpu_node.NODE_KEYS,
+    )
+    path = tmp_path / "serve.json"
+    path.write_text(record_mod.dumps(data))
+    target = record_mod.load(str(path))
+    _place(target)
+    name = target.request.node_name(ZONE)
+    tpu_cloud.preempt(name)
+    result, lines = _pass(target)
+    assert result.outcome == recover.RECREATED, lines
+    assert "`pulumi up --refresh` deploys to it" in result.line and "resumes" not in result.line
+    again, lines = _pass(target)
+    assert again.outcome == recover.HEALTHY and "READY (recovered" in again.line, lines
+
+
 def test_a_node_pulumi_up_made_is_left_to_its_deploy_even_when_its_boot_failed(
     tpu_cloud: local_tpu.TpuApiServer, tmp_path: pathlib.Path
 ) -> None:
