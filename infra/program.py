@@ -155,7 +155,7 @@ def build(
     secret = declare_hf_secret(cfg, hf_token, labels, account, after_apis)
     controller = declare_recovery(cfg, stack, labels, account, training_bucket, after_apis)
     # The controller no longer deploys over SSH: the SSH rule is the configured ranges alone.
-    ssh_firewall, api_firewall = declare_firewalls(cfg, None, after_apis)
+    ssh_firewall, api_firewall = declare_firewalls(cfg, after_apis)
     # The VMs boot straight into their startup scripts, which need the grants in place.
     grants: list[pulumi.Resource] = [account, training_bucket, serving_bucket]
     grants += [secret] if secret is not None else []
@@ -306,11 +306,9 @@ def declare_recovery(
 
 
 def declare_firewalls(
-    cfg: config_mod.StackConfig,
-    controller: recovery_mod.RecoveryController | None,
-    opts: pulumi.ResourceOptions,
+    cfg: config_mod.StackConfig, opts: pulumi.ResourceOptions
 ) -> tuple[firewall_mod.IngressRule, firewall_mod.IngressRule | None]:
-    """SSH from the configured ranges (and the controller); the serving API when it is open."""
+    """SSH from the configured ranges; the serving API when it is open."""
     ssh_firewall = firewall_mod.IngressRule(
         "ssh",
         firewall_mod.FirewallArgs(
@@ -320,11 +318,7 @@ def declare_firewalls(
             ports=("22",),
             source_ranges=cfg.ssh.source_ranges,
             target_tags=(cfg.ssh_tag,),
-            description="SSH to the gemma4-tpu TPU VMs from the configured ranges only"
-            + (" and the recovery controller." if controller else "."),
-            extra_sources=(
-                controller.address.apply(lambda ip: [f"{ip}/32"]) if controller else None
-            ),
+            description="SSH to the gemma4-tpu TPU VMs from the configured ranges only.",
         ),
         opts=opts,
     )

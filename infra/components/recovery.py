@@ -108,11 +108,8 @@ class RecoveryController(pulumi.ComponentResource):
     """The controller VM, its identity and grants, and the source it runs.
 
     Attributes:
-        address: its fixed external IP.
         outputs: what the stack exports as `recoveryController`.
     """
-
-    address: pulumi.Output[str]
 
     def __init__(self, name: str, args: RecoveryArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gemma4-tpu:infra:RecoveryController", name, None, opts)
@@ -131,14 +128,13 @@ class RecoveryController(pulumi.ComponentResource):
         self.outputs = {
             "vm": self.instance.name,
             "zone": args.zone,
-            "address": self.address,
             "serviceAccount": self.account.email,
             "watches": args.record_uri,
             "logsCommand": f"gcloud compute ssh {args.prefix}-recover --zone {args.zone} "
             "-- journalctl -u gemma4-recover -f",
             "estimatedMonthlyUsd": monthly_usd(args.machine_type),
         }
-        self.register_outputs({"address": self.address})
+        self.register_outputs({"vm": self.instance.name})
 
     def _declare_grants(
         self, name: str, args: RecoveryArgs, child: pulumi.ResourceOptions
@@ -197,26 +193,14 @@ class RecoveryController(pulumi.ComponentResource):
         return pulumi.Output.concat("gs://", args.training_bucket, "/", object_name)
 
     def _declare_vm(self, name: str, args: RecoveryArgs, source_uri: pulumi.Output[str]) -> None:
-        """Its fixed address and the VM, which starts watching at boot."""
-        child = pulumi.ResourceOptions(parent=self)
-        region = catalog.zone_region(args.zone)
-        ip = gcp.compute.Address(
-            f"{name}-ip",
-            project=args.project,
-            name=f"{args.prefix}-recover-ip",
-            region=region,
-            address_type="EXTERNAL",
-            description="The recovery controller's address (its way to PyPI and Google's APIs).",
-            opts=child,
-        )
-        self.address = ip.address
+        """The VM, which starts watching at boot."""
         script = source_uri.apply(lambda uri: render_startup(args, uri))
         network = gcp.compute.InstanceNetworkInterfaceArgs(
             network=args.network,
             subnetwork=args.subnetwork,
-            access_configs=[
-                gcp.compute.InstanceNetworkInterfaceAccessConfigArgs(nat_ip=ip.address)
-            ],
+            # An ephemeral external address: its way to PyPI and Google's APIs. Nothing lets it
+            # in anywhere (it logs in to no worker), so it needs no fixed one.
+            access_configs=[gcp.compute.InstanceNetworkInterfaceAccessConfigArgs()],
         )
         self.instance = gcp.compute.Instance(
             f"{name}-vm",

@@ -484,7 +484,8 @@ def zone_region(zone: str) -> str:
 HOURS_PER_MONTH = 730
 CONTROLLER_HOURLY_USD = {"e2-micro": 0.0084, "e2-small": 0.0168, "e2-medium": 0.0335}
 STANDARD_DISK_GB_MONTH_USD = 0.04
-STATIC_IP_IN_USE_HOURLY_USD = 0.005
+# An external IPv4 address in use on a standard VM, ephemeral or static alike.
+EXTERNAL_IP_IN_USE_HOURLY_USD = 0.005
 SECRET_VERSION_MONTH_USD = 0.06
 
 
@@ -504,6 +505,6 @@ def controller_monthly_usd(machine_type: str, disk_gb: int, secrets: int = 2) ->
     return {
         "machine": round(hourly * HOURS_PER_MONTH, 2),
         "disk": round(disk_gb * STANDARD_DISK_GB_MONTH_USD, 2),
-        "address": round(STATIC_IP_IN_USE_HOURLY_USD * HOURS_PER_MONTH, 2),
+        "address": round(EXTERNAL_IP_IN_USE_HOURLY_USD * HOURS_PER_MONTH, 2),
         "secrets": round(secrets * SECRET_VERSION_MONTH_USD, 2),
     }
