@@ -452,14 +452,6 @@ def _recreate(
         line = f"{_label(target)}: {exc}"
         say(line)
         return Pass(WAITING, line)
-    if placed.adopted and placed.node.get("state") == "DELETING":
-        # Placement keeps what exists; one on its way out is another caller's replacement.
-        line = (
-            f"{_label(target)} in {placed.zone}: DELETING (another caller is replacing it); "
-            "the next check looks again"
-        )
-        say(line)
-        return Pass(WAITING, line, placed.zone)
     verb = "adopted" if placed.adopted else "created"
     role = roles.find(target.role)
     then = (

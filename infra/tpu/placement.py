@@ -85,6 +85,10 @@ QUEUE_DELETE_WAIT_S = 1800.0
 ZONE_REFUSED_WORDS = ("is not found or access is unauthorized",)
 # A node in these states will not run again: delete it and create a new one.
 NODE_GONE = ("PREEMPTED", "TERMINATED")
+# A node being deleted (by a recovery, another `up`, the console): not to be kept (it is going)
+# and its name stays taken until it is gone (a create under it fails AlreadyExists), so it is
+# waited on like a deleting queued resource, then the zone holds nothing.
+NODE_DELETING = ("DELETING",)
 # Node fields `update` changes in place (the API's update mask); any other change replaces it.
 UPDATABLE = ("description", "labels", "metadata", "tags")
 # Labels that say a node belongs to this stack (an existing node without them is not adopted).
@@ -342,15 +346,21 @@ def leftover_queues(
 
 
 def find_existing(
-    api: PlacementApi, request: Request, say: Say, reads: ZoneReads | None = None
+    api: PlacementApi,
+    request: Request,
+    say: Say,
+    reads: ZoneReads | None = None,
+    waits: Waits | None = None,
 ) -> Placement | None:
     """The node this stack already has in one of the zones (adopted as it is), or None.
-    A preempted or terminated one is deleted on the way: it will not run again. Another node of
+    A preempted or terminated one is deleted on the way: it will not run again. One being
+    deleted (DELETING) is waited on until it is gone, not kept. Another node of
     this stack under the same id in a later zone (left by an interrupted `up`) is deleted: one
     slice, one bill. A zone the API refuses to read (`reads`) holds none.
 
     Raises:
-        PlacementError: a node of that name exists there and belongs to something else.
+        PlacementError: a node of that name exists there and belongs to something else, or one
+            stays DELETING past waits.delete_wait_s.
     """
     reads = reads or ZoneReads(say)
     owner = _owner_of(request)
@@ -367,6 +377,9 @@ def find_existing(
         if state in NODE_GONE:
             say(f"{zone}: {request.node_id} is {state}; deleting it to create a new one")
             remove(api, request.node_name(zone), queued)
+            continue
+        if state in NODE_DELETING:
+            await_node_gone(api, name, zone, say, waits or Waits())
             continue
         if not _placed_by_us(node):
             (key, value), node_id = next(iter(PLACED_BY.items())), request.node_id
@@ -416,7 +429,7 @@ def place(
     reads = ZoneReads(say)
     waits = Waits(sleep, clock, poll_s)
     adopted_queues = leftover_queues(api, request, say, reads, waits)
-    existing = find_existing(api, request, say, reads)
+    existing = find_existing(api, request, say, reads, waits)
     if existing is not None:
         for zone in adopted_queues:  # the node is there already: this queue must not fill too
             say(
@@ -667,24 +680,67 @@ def await_queue_gone(api: PlacementApi, name: str, zone: str, say: Say, waits: W
     Raises:
         PlacementError: it still exists after waits.delete_wait_s.
     """
-    queue_id = name.rsplit("/", 1)[-1]
+    _await_gone(
+        functools.partial(api.queued_state, name),
+        f"queued resource {name.rsplit('/', 1)[-1]}",
+        "gcloud compute tpus queued-resources describe",
+        zone,
+        say,
+        waits,
+    )
+
+
+def await_node_gone(api: PlacementApi, name: str, zone: str, say: Say, waits: Waits) -> None:
+    """Waits until the node `name` no longer exists (it is DELETING), saying so as the queued
+    resource's wait does.
+
+    Raises:
+        PlacementError: it still exists after waits.delete_wait_s.
+    """
+
+    def state() -> str | None:
+        node = api.get_node(name)
+        return None if node is None else str(node.get("state") or "STATE_UNSPECIFIED")
+
+    _await_gone(
+        state,
+        f"TPU node {name.rsplit('/', 1)[-1]}",
+        "gcloud compute tpus tpu-vm describe",
+        zone,
+        say,
+        waits,
+    )
+
+
+def _await_gone(
+    read_state: Callable[[], str | None],
+    what: str,
+    describe: str,
+    zone: str,
+    say: Say,
+    waits: Waits,
+) -> None:
+    """Polls read_state until it answers None (gone), one progress line per poll.
+
+    Raises:
+        PlacementError: it still answers a state after waits.delete_wait_s.
+    """
+    resource_id = what.rsplit(" ", 1)[-1]
     start = waits.clock()
     while True:
-        state = api.queued_state(name)
+        state = read_state()
         if state is None:
             if waits.clock() > start:
-                took = _took(waits.clock() - start)
-                say(f"{zone}: queued resource {queue_id} is gone after {took}")
+                say(f"{zone}: {what} is gone after {_took(waits.clock() - start)}")
             return
         waited = waits.clock() - start
         if waited > waits.delete_wait_s:
             raise PlacementError(
-                f"queued resource {queue_id} in {zone} is still {state} after "
-                f"{_took(waited)}; check it with `gcloud compute tpus queued-resources describe "
-                f"{queue_id} --zone {zone}` and run the command again"
+                f"{what} in {zone} is still {state} after {_took(waited)}; check it with "
+                f"`{describe} {resource_id} --zone {zone}` and run the command again"
             )
         say(
-            f"{zone}: queued resource {queue_id} is {state}; waiting for it to go "
+            f"{zone}: {what} is {state}; waiting for it to go "
             f"({_took(waited)} of at most {_took(waits.delete_wait_s)})"
         )
         waits.sleep(waits.poll_s)

@@ -435,23 +435,25 @@ class DeletedMeanwhile:
         return node
 
 
-def test_a_node_another_caller_is_deleting_is_not_reported_as_recovered(
+def test_a_node_another_caller_is_deleting_is_waited_out_then_created(
     tpu_cloud: local_tpu.TpuApiServer, tmp_path: pathlib.Path
 ) -> None:
-    """The other caller replaces it: this pass says so and waits, it does not adopt a node on
-    its way out as its recovery (nor count one)."""
+    """Between this pass's look (PREEMPTED) and its placement, another caller deletes the node:
+    the pass does not adopt a node on its way out as its recovery; it waits, saying so, until
+    the name is free, then creates the one node."""
     target = _target(tmp_path)
     _place(target)
     tpu_cloud.preempt(_name())
-    tpu_cloud.delete_s = 2.0
-    journal = recover.Journal(str(tmp_path / "journal.json"))
+    tpu_cloud.delete_s = 0.5
     out = io.StringIO()
     result = recover.recover_pass(
-        DeletedMeanwhile(tpu_api.GoogleTpuApi()), target, out, journal=journal
+        DeletedMeanwhile(tpu_api.GoogleTpuApi()), target, out, poll_s=0.2, sleep=time.sleep
     )
-    assert result.outcome == recover.WAITING, out.getvalue()
-    assert "DELETING (another caller is replacing it)" in result.line
-    assert journal.load(recover.request_digest(target.request))["recoveries"] == 0
+    said = out.getvalue()
+    assert result.outcome == recover.RECREATED, said
+    assert "TPU node gemma4-dev-train is DELETING; waiting for it to go" in said
+    assert "created in us-central1-a (READY" in result.line
+    assert _live(tpu_cloud) == [_name()]
 
 
 def test_a_laptop_and_the_controller_at_once_make_one_node(

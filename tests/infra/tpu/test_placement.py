@@ -732,3 +732,47 @@ def test_a_queue_that_stays_deleting_is_given_up_after_a_bounded_wait():
         "queued resource gemma4-train in us-east5-a is still DELETING after 35m"
     )
     assert not any(c[0].startswith("create") for c in api.calls)
+
+
+def test_a_deleting_node_is_waited_on_not_kept_then_created_anew():
+    """A node another caller is deleting (a recovery, the console) is going: keeping it would
+    hand `up` a node about to vanish, and its name stays taken until it has. Placement waits for
+    it, saying so, then creates the node in the first zone."""
+    api = FakeTpu()
+    name = "projects/p/locations/us-central1-a/nodes/gemma4-train"
+    api._node(name, NODE, None)
+    api.nodes[name]["state"] = "DELETING"
+    reads = {"left": 4}  # the look, then two polls DELETING, then gone
+    get_node = api.get_node
+
+    def deleting_get_node(path: str) -> dict[str, Any] | None:
+        if path == name and name in api.nodes and api.nodes[name]["state"] == "DELETING":
+            reads["left"] -= 1
+            if reads["left"] == 0:
+                del api.nodes[name]
+        return get_node(path)
+
+    api.get_node = deleting_get_node  # type: ignore[method-assign]
+    placement, said, clock = _place(api, _request(), poll_s=30)
+    assert placement.zone == "us-central1-a" and not placement.adopted
+    assert placement.node["state"] == "READY"
+    assert not any(c == ("delete_node", name) for c in api.calls)
+    assert said[0] == (
+        "us-central1-a: TPU node gemma4-train is DELETING; waiting for it to go (0m of at most 30m)"
+    )
+    assert "us-central1-a: TPU node gemma4-train is gone after 1m" in said
+    assert clock.sleeps[:2] == [30, 30]
+
+
+def test_a_node_that_stays_deleting_is_given_up_after_a_bounded_wait():
+    api = FakeTpu()
+    name = "projects/p/locations/us-central1-a/nodes/gemma4-train"
+    api._node(name, NODE, None)
+    api.nodes[name]["state"] = "DELETING"
+    with pytest.raises(tpu_placement.PlacementError) as info:
+        _place(api, _request(), poll_s=300)
+    assert str(info.value).startswith(
+        "TPU node gemma4-train in us-central1-a is still DELETING after 35m; check it with "
+        "`gcloud compute tpus tpu-vm describe gemma4-train --zone us-central1-a`"
+    )
+    assert not any(c[0].startswith("create") for c in api.calls)
