@@ -219,9 +219,12 @@ def test_a_gzip_dataset_is_read_as_its_text(tmp_path):
         # JSON can spell half a surrogate pair; no tokenizer encodes it.
         (b'{"prompt": "p", "response": "x\\udc00y"}\n',
          r"line 1: field 'response' holds a lone surrogate \('\\udc00' at character 1\)"),
-        (gzip.compress(b'{"prompt": "p", "response": "r"}\n' * 100)[:40],
+        # mtime=0: the same bytes in every process (pytest-xdist's workers must collect the
+        # same test ids, and a parameter's id is made from its bytes).
+        (gzip.compress(b'{"prompt": "p", "response": "r"}\n' * 100, mtime=0)[:40],
          r"d\.jsonl: damaged gzip data"),
     ],
+    ids=["latin-1", "lone-surrogate", "damaged-gzip"],
 )  # fmt: skip
 def test_undecodable_datasets_are_one_line(tmp_path, content, match):
     path = tmp_path / "d.jsonl"
