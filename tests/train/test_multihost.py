@@ -141,8 +141,17 @@ def _log(log_dir: pathlib.Path, index: int) -> str:
 
 
 def _wait_for(condition, timeout_s: float, procs: dict) -> None:
+    """Waits until condition() holds. Fails at once when every host process has exited first
+    (nothing is left that could make it true: without this a slice that died at start-up, say
+    a collective's setup timing out on a starved machine, held the test for its whole limit),
+    naming their exit statuses; else after timeout_s."""
     deadline = time.time() + timeout_s
     while not condition():
+        codes = [p.poll() for p in procs.values()]
+        if codes and None not in codes:
+            if condition():
+                return
+            raise AssertionError(f"every host exited (statuses {codes}) before the wait ended")
         if time.time() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s")
         time.sleep(0.2)
