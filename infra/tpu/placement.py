@@ -363,6 +363,7 @@ def find_existing(
             stays DELETING past waits.delete_wait_s.
     """
     reads = reads or ZoneReads(say)
+    waits = waits or Waits()
     owner = _owner_of(request)
     kept: Placement | None = None
     for zone in request.zones:
@@ -379,7 +380,7 @@ def find_existing(
             remove(api, request.node_name(zone), queued)
             continue
         if state in NODE_DELETING:
-            await_node_gone(api, name, zone, say, waits or Waits())
+            await_node_gone(api, name, zone, say, waits)
             continue
         if not _placed_by_us(node):
             (key, value), node_id = next(iter(PLACED_BY.items())), request.node_id
@@ -682,7 +683,8 @@ def await_queue_gone(api: PlacementApi, name: str, zone: str, say: Say, waits: W
     """
     _await_gone(
         functools.partial(api.queued_state, name),
-        f"queued resource {name.rsplit('/', 1)[-1]}",
+        "queued resource",
+        name,
         "gcloud compute tpus queued-resources describe",
         zone,
         say,
@@ -702,30 +704,26 @@ def await_node_gone(api: PlacementApi, name: str, zone: str, say: Say, waits: Wa
         node = api.get_node(name)
         return None if node is None else str(node.get("state") or "STATE_UNSPECIFIED")
 
-    _await_gone(
-        state,
-        f"TPU node {name.rsplit('/', 1)[-1]}",
-        "gcloud compute tpus tpu-vm describe",
-        zone,
-        say,
-        waits,
-    )
+    _await_gone(state, "TPU node", name, "gcloud compute tpus tpu-vm describe", zone, say, waits)
 
 
 def _await_gone(
     read_state: Callable[[], str | None],
-    what: str,
+    kind: str,
+    name: str,
     describe: str,
     zone: str,
     say: Say,
     waits: Waits,
 ) -> None:
-    """Polls read_state until it answers None (gone), one progress line per poll.
+    """Polls read_state until it answers None (the `kind` resource `name` is gone), one progress
+    line per poll.
 
     Raises:
         PlacementError: it still answers a state after waits.delete_wait_s.
     """
-    resource_id = what.rsplit(" ", 1)[-1]
+    resource_id = name.rsplit("/", 1)[-1]
+    what = f"{kind} {resource_id}"
     start = waits.clock()
     while True:
         state = read_state()
