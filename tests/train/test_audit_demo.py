@@ -59,6 +59,7 @@ def test_demo_with_the_default_workdir_prints_the_summary_and_the_merge_figure(
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_the_two_host_demo_checkpoints_to_a_bucket_and_merges_from_it(
     tmp_path, monkeypatch, capsys
 ):

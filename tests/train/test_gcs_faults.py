@@ -71,6 +71,7 @@ print("written after", round(time.time() - started, 1), flush=True)
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_checkpoint_write_that_stalls_is_abandoned_and_retried_within_the_bound(gcs_faults):
     """A connection that goes silent and stays so (here 300 s) must not hold a save for as long
     as it lasts: abandoned after storage.TENSORSTORE_STALL_S and retried. Without the bound the
