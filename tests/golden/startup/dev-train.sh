@@ -437,10 +437,12 @@ boot_ended() {
   local status=$1 stage=${STAGE:-startup} cause free_mb line
   stage_end false "the startup script stopped here"
   if [ "$status" -ne 0 ] && [ ! -e "$READY_MARKER" ]; then
+    log "$STOPPED_BEFORE_READY (exit $status)"
+    caught_up "$STOPPED_BEFORE_READY (exit $status)"
     # The log's last line is what the failing step said (ensure_shm names the stack key, a
     # command its error): the deploy shows it, so the cause is on the one line it prints.
-    cause=$(grep -v 'gemma4-startup\[.*\]: stage .*FAILED$' "$LOG_FILE" 2>/dev/null | grep . |
-      tail -n 1 | cut -c1-300)
+    cause=$(grep -v -e 'gemma4-startup\[.*\]: stage .*FAILED$' -e "$STOPPED_BEFORE_READY" \
+      "$LOG_FILE" 2>/dev/null | grep . | tail -n 1 | cut -c1-300)
     # A full boot disk fails whatever step was writing, in that step's words: say it first.
     free_mb=$(df -Pm / 2>/dev/null | awk 'NR == 2 { print $4 }')
     if [ -n "$free_mb" ] && [ "$free_mb" -lt 256 ]; then
@@ -452,6 +454,21 @@ boot_ended() {
     write_marker "$BOOT_FAILED_MARKER" "$line" || rm -f "$BOOT_FAILED_MARKER.tmp"
     report_boot_failure "$line"
   fi
+}
+
+readonly STOPPED_BEFORE_READY="the startup script stopped before ready"
+
+# caught_up LINE: waits (at most 5 s) until LINE, just logged, is in $LOG_FILE. The log reaches
+# the file through tee, a process of its own that may still be behind the script when it exits:
+# the failing step's last words, which the marker quotes, are in the file once LINE is.
+caught_up() {
+  local tries=50
+  while [ "$tries" -gt 0 ]; do
+    tail -n 20 "$LOG_FILE" 2>/dev/null | grep -qF -- "$1" && return 0
+    sleep 0.1
+    tries=$((tries - 1))
+  done
+  return 0
 }
 
 # report_boot_failure LINE: LINE to $BOOT_REPORT_URI/<host>.failed. Bounded and best effort: a

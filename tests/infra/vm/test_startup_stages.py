@@ -167,6 +167,9 @@ class VM:
             "script_copy": str(self.state / "startup.sh"),
             "log_file": str(root / "startup.log"),
             "ready_marker": str(self.state / "ready"),
+            "env_file": str(self.state / "env"),
+            "boot_failed_marker": str(self.state / "boot-failed"),
+            "boot_failed_note": str(self.state / "boot-failed-note"),
         }
         self.script = templating.render("startup/train.sh.j2", **context)
         (self.state / "startup.sh").write_text(self.script)
@@ -284,6 +287,27 @@ def test_the_hub_client_is_pinned_in_its_own_venv_and_kept_across_boots(vm):
     assert rc == 0, output
     assert len(vm.calls("hf-calls")) == 4  # two downloads of the small files, then the rest
     assert len(vm.calls("uv-calls")) == 1  # ... with the client it has
+
+
+def test_the_boot_failed_marker_quotes_the_failing_steps_words_though_the_log_lags(vm):
+    """The log reaches its file through tee, which can be behind the script when the script
+    exits (a busy host): the marker, the one line the deploy prints, still names the cause."""
+    (vm.root / "bin" / "tee").write_text('#!/bin/sh\n/bin/sleep 1\nexec /usr/bin/tee "$@"\n')
+    (vm.root / "bin" / "tee").chmod(0o755)
+    call = (
+        'sleep() { /bin/sleep "$@"; }; keep_script() { :; }; report_boot_failure() { :; }; '
+        'refuse() { log "training.shmWorkingSetGb: 200 GiB does not fit" >&2; return 3; }; '
+        "begin; stage shm refuse"
+    )
+    rc, output = vm.run(call)
+    assert rc == 3, output
+    marker = (vm.state / "boot-failed").read_text()
+    assert marker.startswith("stage shm failed (exit 3) at "), marker
+    assert marker.rstrip().endswith(
+        f"training.shmWorkingSetGb: 200 GiB does not fit; log {vm.root / 'startup.log'}"
+    ), marker
+    assert (vm.state / "boot-failed-note").read_text() == marker
+    assert not (vm.state / "ready").exists()
 
 
 # `boot` with what needs a real VM replaced: no console tee or lock, worker 0, a venv stage that
