@@ -6,6 +6,7 @@ default, relative --workdir runs/demo (Orbax refuses relative checkpoint paths).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import re
@@ -18,21 +19,47 @@ from workloads.cli import demo
 from workloads.common import gcs_server
 
 
-@pytest.mark.slow
-def test_demo_with_the_default_workdir_prints_the_summary_and_the_merge_figure(
-    tmp_path, monkeypatch, capsys
-):
+@dataclasses.dataclass(frozen=True)
+class ReadmeDemo:
+    workdir: pathlib.Path  # absolute: the default, relative runs/demo from where it ran
+    out: str  # what it printed
+    served: bool
+
+
+# .ci/run's demo step runs the README's command (`python -m workloads demo`, serving included)
+# and keeps what it printed in this file; the test asserts on that run instead of training and
+# merging the same pipeline a second time. Unset (a developer's pytest), the test runs a short
+# demo itself.
+PRINTED_VAR = "GEMMA4_DEMO_PRINTED"
+
+
+@pytest.fixture
+def readme_demo(tmp_path, monkeypatch, capsys) -> ReadmeDemo:
+    """The README's demo, run from a directory of the user's with the default --workdir: CI's
+    own run (runs/demo.printed beside runs/demo in the clone), else `demo --steps 4 --rows 48
+    --no-serve` here (with the two CPU devices the tests' conftest fakes through XLA_FLAGS: the
+    demo's mesh must use every visible device, where a user's plain run sees one)."""
+    printed = os.environ.get(PRINTED_VAR)
+    if printed:
+        path = pathlib.Path(printed).resolve()
+        assert path.is_file(), f"{PRINTED_VAR}={printed}: no such file (the demo step's output)"
+        monkeypatch.chdir(path.parent.parent)
+        return ReadmeDemo(path.parent / "demo", path.read_text(), served=True)
     monkeypatch.chdir(tmp_path)
-    workdir = pathlib.Path(os.getcwd()) / "runs" / "demo"
-    # With the two CPU devices the tests' conftest fakes through XLA_FLAGS: the demo's mesh must
-    # use every visible device (a user's plain run sees one).
-    # Training and the merge only (the served chain has its own test and runs in CI's demo).
     code = cli.main(["demo", "--steps", "4", "--rows", "48", "--no-serve"])
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
+    return ReadmeDemo(pathlib.Path(os.getcwd()) / "runs" / "demo", out, served=False)
+
+
+@pytest.mark.slow
+def test_demo_with_the_default_workdir_prints_the_summary_and_the_merge_figure(readme_demo, capsys):
+    workdir, out = readme_demo.workdir, readme_demo.out
     assert "demo summary" in out and re.search(r"loss: first [\d.]+ -> last [\d.]+", out)
     assert re.search(r"tokens/s: \d+ real tokens/s", out)
-    assert "resumed: stopped after step 2, resumed from checkpoint step 2" in out
+    steps = int(re.search(r"^  loss: .* over (\d+) steps", out, re.MULTILINE).group(1))
+    half = steps // 2
+    assert f"resumed: stopped after step {half}, resumed from checkpoint step {half}" in out
     assert f"checkpoints: {workdir / 'run' / 'checkpoints'}" in out
     figure = re.search(r"logits merged vs LoRA model: max \|diff\| ([0-9.e+-]+)", out)
     assert figure and float(figure.group(1)) < 1e-4, out[-2000:]
@@ -40,16 +67,21 @@ def test_demo_with_the_default_workdir_prints_the_summary_and_the_merge_figure(
     assert (workdir / "merged" / "model.safetensors.index.json").is_file()
     # The run config it wrote reproduces the training from any directory: absolute paths.
     assert f"output_dir: {workdir / 'run'}\n" in (workdir / "run.yaml").read_text()
-    assert "serving: skipped (--no-serve)" in out
+    if readme_demo.served:
+        assert re.search(r"^  served as trained: passed: ", out, re.MULTILINE), out
+        assert (workdir / "report" / "report.md").is_file()
+    else:
+        assert "serving: skipped (--no-serve)" in out
     # What a person reads: the stage lines, the training progress and the summary (a passing
     # run with serving is at most 80 lines too: .ci/run counts the README's command). The
     # tools' own output (the data pipeline's lines, warnings) is in the log the summary names.
     assert len(out.splitlines()) <= 80, out
     assert not re.search(r"^(data|merge|train): |WARNING|Warning", out, re.MULTILINE), out
-    assert re.search(r"^step 4/4  loss", out, re.MULTILINE)
+    assert re.search(rf"^step {steps}/{steps}  loss", out, re.MULTILINE)
     assert f"logs: {workdir / 'demo.log'}" in out
     log = (workdir / "demo.log").read_text()
-    assert "data: 48 rows read" in log and "stage load started" in log
+    rows = re.search(r"wrote (\d+) rows", out).group(1)
+    assert f"data: {rows} rows read" in log and "stage load started" in log
 
     # The same command again is refused in one line, and the demo is left as it was.
     assert cli.main(["demo", "--steps", "4", "--rows", "48"]) == 2
@@ -163,3 +195,13 @@ def test_without_the_serving_venv_the_demo_refuses_before_training_in_one_line(
     assert err.startswith(f"error: {missing}: no serving engine")
     assert "`bash .ci/setup`" in err and "--no-serve" in err
     assert not (tmp_path / "runs").exists()  # nothing written, nothing trained
+
+
+@pytest.mark.parametrize(("devices", "tp", "fsdp"), [(1, 1, 1), (2, 1, 2), (8, 4, 2)])
+def test_the_demos_mesh_uses_every_visible_device(tmp_path, devices, tp, fsdp):
+    """A plain run sees one CPU device, the tests' conftest fakes two, a 2-host slice has 8: the
+    mesh covers them all and each data-parallel shard gets whole rows."""
+    cfg = demo.demo_config(tmp_path, 8, devices=devices, tp=tp)
+    assert (cfg.train.mesh.fsdp, cfg.train.mesh.tp) == (fsdp, tp)
+    assert cfg.train.mesh.fsdp * cfg.train.mesh.tp == devices
+    assert cfg.train.micro_batch % fsdp == 0
