@@ -120,6 +120,11 @@ def test_the_two_host_demo_checkpoints_to_a_bucket_and_merges_from_it(
             "ocdbt.process_1",
         }
     assert not (workdir / "run").exists()
+    # One row per host on fsdp=2: the hosts' rows form one batch split over the slice (not a
+    # "replicated" row that differs per host), so the step is the one host 0 compiled ahead.
+    host0 = (workdir / "hosts" / "host0.log").read_text()
+    first = re.search(r"first step: .*", host0).group(0)  # the first segment's, before resuming
+    assert first == "first step: the train step came from the persistent compilation cache"
     # The server is gone and this process's variables are as they were.
     assert {name: os.environ.get(name) for name in gcs_server.ENV_VARS} == before
 

@@ -51,3 +51,38 @@ def test_without_a_stop_the_stream_runs_to_the_end_across_epochs():
     assert items[:5] == [None] * 5  # resumed: the skipped micro-batches are placeholders
     assert len(items) == 25
     assert int(items[-1].input_tokens[0, 0]) == 2 * 100 + 4  # epoch 2, batch 4
+
+
+def test_a_hosts_rows_become_one_array_split_over_the_data_axis_that_tunix_passes_on():
+    """`place`: each micro-batch as one array over the mesh, its rows split over fsdp (here one
+    process with the conftest's two CPU devices, one row each); tunix's shard_input, which
+    would otherwise pick the split from the host's row count, passes it on unchanged."""
+    import jax
+    from jax.sharding import PartitionSpec
+    from tunix.sft import sharding_utils
+
+    from workloads.model import gemma4
+
+    mesh = gemma4.make_mesh(2, 1)
+
+    class _TwoRows(_Data):
+        def batches(self, epoch, skip=0):
+            for i in range(skip, self.batches_per_epoch):
+                rows = np.arange(2 * LENGTH, dtype=np.int32).reshape(2, LENGTH) + i
+                yield types.SimpleNamespace(**{name: rows for name in stream_lib.BATCH_FIELDS})
+
+    stream = stream_lib.Stream(
+        _TwoRows(), total_micro=2, grad_accum=1, skip=1, place=stream_lib.global_batches(mesh)
+    )
+    skipped, placed = list(stream)
+    assert skipped is None  # resume's placeholders are not moved to the devices
+    assert isinstance(placed.input_tokens, jax.Array)
+    assert placed.input_tokens.sharding.spec == PartitionSpec(("fsdp",))
+    assert placed.input_tokens.shape == (2, LENGTH)
+    shards = sorted(placed.segment_ids.addressable_shards, key=lambda s: s.index[0].start or 0)
+    assert [np.asarray(s.data).tolist() for s in shards] == [
+        [list(range(1, LENGTH + 1))],
+        [list(range(LENGTH + 1, 2 * LENGTH + 1))],
+    ]
+    with mesh:
+        assert sharding_utils.shard_input(placed, ("fsdp",)) is placed

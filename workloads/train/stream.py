@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from workloads.train.step import PackedInput
+from workloads.train.step import DATA_AXES, PackedInput
 
 BATCH_FIELDS = ("tokens", "segment_ids", "positions", "loss_mask")
 # Mesh axes a micro-batch's rows are split over (PeftTrainer shards its inputs along them).
@@ -51,13 +51,17 @@ class Stream:
         grad_accum: int,
         skip: int,
         preempted: Callable[[int], bool] | None = None,
+        place: Callable[[PackedInput], Any] | None = None,
     ):
         """Args:
         preempted: on multi-host slices, `multihost_utils.reached_preemption_sync_point`: every
             host stops at the same step (the one JAX agreed on after a preemption notice), where
             a host-local SIGTERM flag would let hosts stop at different steps and hang the
             collectives of the others.
+        place: what each micro-batch becomes before PeftTrainer gets it (`global_batches` on
+            a multi-host slice); None: the host's numpy arrays as they are.
         """
+        self.place = place
         self.preempted = preempted
         self.data = data
         self.total_micro = total_micro
@@ -77,13 +81,38 @@ class Stream:
                     return
                 if index % self.grad_accum == 0 and self._stop_at(index // self.grad_accum):
                     return
-                yield to_input(batch)
+                inputs = to_input(batch)
+                yield inputs if self.place is None else self.place(inputs)
                 index += 1
 
     def _stop_at(self, step: int) -> bool:
         if self.preempted is not None and step > 0 and self.preempted(step):
             return True
         return self.stop_requested.is_set()
+
+
+def global_batches(mesh: Any) -> Callable[[PackedInput], PackedInput]:
+    """Each host's rows of a micro-batch -> one array per field over the whole slice, its rows
+    split over the data axes (the host's rows on the host's devices).
+
+    PeftTrainer would build these itself (tunix's shard_input) but picks the split from the
+    host's own rows: when they do not divide by the data axis's size over the whole slice (one
+    row per host on fsdp=2), it falls back to a replicated array, and every host's different
+    rows become one "replicated" value. The step then trains on a batch of one host's size, the
+    hosts disagree about it, and the executable no longer matches the one compiled ahead. Built
+    here, PeftTrainer finds the arrays already split and passes them on as they are.
+    """
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    sharding = NamedSharding(mesh, PartitionSpec(DATA_AXES))
+
+    def place(inputs: PackedInput) -> PackedInput:
+        return jax.tree.map(
+            lambda rows: jax.make_array_from_process_local_data(sharding, rows), inputs
+        )
+
+    return place
 
 
 def to_input(batch: Any) -> PackedInput:

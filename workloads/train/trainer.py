@@ -637,6 +637,7 @@ def _loop(
         grad_accum=grad_accum,
         skip=resumed_from * grad_accum,
         preempted=stream_lib.preemption_sync_point() if jax.process_count() > 1 else None,
+        place=stream_lib.global_batches(prepared.mesh) if jax.process_count() > 1 else None,
     )
     acc_name, _ = metrics_lib.accelerator()
     run_log = metrics_lib.RunLog(
