@@ -111,6 +111,7 @@ def test_the_trainer_rematerialises_every_decoder_layer_of_the_lora_model(tp2_lo
     assert (on, off) == (6, 0)  # one region per decoder layer, none without remat
 
 
+@pytest.mark.usefixtures("unoptimized_compiles")  # op by op: hundreds of compiles, each run once
 def test_every_remat_policy_gives_the_same_lora_gradients(tp2_lora_model):
     """ "dots" remats each decoder layer with a save-the-weight-matmuls policy; "full", "dots" and
     "none" only change what is kept for the backward pass, never the gradients."""

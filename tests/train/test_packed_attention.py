@@ -115,6 +115,7 @@ def lora_model(config_for, tiny_model_dir, tmp_path_factory):
     return model, mesh
 
 
+@pytest.mark.usefixtures("unoptimized_compiles")  # two compiles of the model's step, run once
 @pytest.mark.parametrize("remat", ["none", "full"])
 def test_kernel_path_gives_the_dense_paths_losses_and_lora_gradients(lora_model, remat):
     """Per-token losses on every predicted token and every LoRA gradient of the step's loss
