@@ -89,6 +89,10 @@ NODE_GONE = ("PREEMPTED", "TERMINATED")
 # and its name stays taken until it is gone (a create under it fails AlreadyExists), so it is
 # waited on like a deleting queued resource, then the zone holds nothing.
 NODE_DELETING = ("DELETING",)
+# How often a DELETING node is read while waiting for it to go (seconds, at most): a node's
+# delete takes a minute or two, and another caller (the recovery controller beside an
+# operator's `ops recover`) may create a new node under the name meanwhile, which ends the wait.
+NODE_GONE_POLL_S = 10.0
 # Node fields `update` changes in place (the API's update mask); any other change replaces it.
 UPDATABLE = ("description", "labels", "metadata", "tags")
 # Labels that say a node belongs to this stack (an existing node without them is not adopted).
@@ -369,6 +373,11 @@ def find_existing(
     for zone in request.zones:
         name = request.node_name(zone)
         node = reads.read(zone, functools.partial(api.get_node, name))
+        if node is not None and str(node.get("state")) in NODE_DELETING:
+            await_node_gone(api, name, zone, say, waits)
+            # Gone, or a new node under the name (another caller recreated it meanwhile): that
+            # one is read and handled as any node found here.
+            node = reads.read(zone, functools.partial(api.get_node, name))
         if node is None:
             continue
         if not _owned(node, owner):
@@ -694,17 +703,29 @@ def await_queue_gone(api: PlacementApi, name: str, zone: str, say: Say, waits: W
 
 def await_node_gone(api: PlacementApi, name: str, zone: str, say: Say, waits: Waits) -> None:
     """Waits until the node `name` no longer exists (it is DELETING), saying so as the queued
-    resource's wait does.
+    resource's wait does, or until a node under the name is no longer DELETING: another caller
+    created a new one meanwhile (the caller reads it again). Polls at most every
+    NODE_GONE_POLL_S.
 
     Raises:
-        PlacementError: it still exists after waits.delete_wait_s.
+        PlacementError: it is still DELETING after waits.delete_wait_s.
     """
 
     def state() -> str | None:
         node = api.get_node(name)
         return None if node is None else str(node.get("state") or "STATE_UNSPECIFIED")
 
-    _await_gone(state, "TPU node", name, "gcloud compute tpus tpu-vm describe", zone, say, waits)
+    waits = dataclasses.replace(waits, poll_s=min(waits.poll_s, NODE_GONE_POLL_S))
+    _await_gone(
+        state,
+        "TPU node",
+        name,
+        "gcloud compute tpus tpu-vm describe",
+        zone,
+        say,
+        waits,
+        while_in=NODE_DELETING,
+    )
 
 
 def _await_gone(
@@ -715,9 +736,11 @@ def _await_gone(
     zone: str,
     say: Say,
     waits: Waits,
+    while_in: tuple[str, ...] | None = None,
 ) -> None:
     """Polls read_state until it answers None (the `kind` resource `name` is gone), one progress
-    line per poll.
+    line per poll; with `while_in`, also until it answers a state outside it (a new resource
+    under the name).
 
     Raises:
         PlacementError: it still answers a state after waits.delete_wait_s.
@@ -730,6 +753,12 @@ def _await_gone(
         if state is None:
             if waits.clock() > start:
                 say(f"{zone}: {what} is gone after {_took(waits.clock() - start)}")
+            return
+        if while_in is not None and state not in while_in:
+            say(
+                f"{zone}: {what} is {state} after {_took(waits.clock() - start)}: another caller "
+                "made a new one under the name meanwhile"
+            )
             return
         waited = waits.clock() - start
         if waited > waits.delete_wait_s:

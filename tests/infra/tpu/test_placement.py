@@ -760,8 +760,38 @@ def test_a_deleting_node_is_waited_on_not_kept_then_created_anew():
     assert said[0] == (
         "us-central1-a: TPU node gemma4-train is DELETING; waiting for it to go (0m of at most 30m)"
     )
-    assert "us-central1-a: TPU node gemma4-train is gone after 1m" in said
-    assert clock.sleeps[:2] == [30, 30]
+    assert "us-central1-a: TPU node gemma4-train is gone after 0m" in said
+    # Every NODE_GONE_POLL_S, whatever the queue's poll: another caller may make a new node.
+    assert clock.sleeps[:2] == [10, 10]
+
+
+def test_a_deleting_node_replaced_by_another_callers_new_one_ends_the_wait_and_is_kept():
+    """The recovery controller deletes the preempted node and creates a new one under the name
+    while an operator's `ops recover` waits for the old one to go: the wait ends at the new
+    node (not after 30 minutes of waiting for a node that will not go), which is kept."""
+    api = FakeTpu()
+    name = "projects/p/locations/us-central1-a/nodes/gemma4-train"
+    api._node(name, {**NODE, "labels": {**OWNER, **tpu_placement.PLACED_BY}}, None)
+    api.nodes[name]["state"] = "DELETING"
+    get_node = api.get_node
+    reads = {"n": 0}
+
+    def recreated_get_node(path: str) -> dict[str, Any] | None:
+        reads["n"] += 1
+        if path == name and reads["n"] == 3:  # the look, one poll DELETING, then the new one
+            api.nodes[name]["state"] = "CREATING"
+        return get_node(path)
+
+    api.get_node = recreated_get_node  # type: ignore[method-assign]
+    placement, said, clock = _place(api, _request(), poll_s=60)
+    assert placement.zone == "us-central1-a" and placement.adopted
+    assert not any(c[0] in ("create_node", "delete_node") for c in api.calls), api.calls
+    assert (
+        "us-central1-a: TPU node gemma4-train is CREATING after 0m: another caller made a new one "
+        "under the name meanwhile"
+    ) in said
+    assert "us-central1-a: gemma4-train exists (CREATING); keeping it" in said
+    assert clock.sleeps == [10]
 
 
 def test_a_node_that_stays_deleting_is_given_up_after_a_bounded_wait():
@@ -772,7 +802,7 @@ def test_a_node_that_stays_deleting_is_given_up_after_a_bounded_wait():
     with pytest.raises(tpu_placement.PlacementError) as info:
         _place(api, _request(), poll_s=300)
     assert str(info.value).startswith(
-        "TPU node gemma4-train in us-central1-a is still DELETING after 35m; check it with "
+        "TPU node gemma4-train in us-central1-a is still DELETING after 30m; check it with "
         "`gcloud compute tpus tpu-vm describe gemma4-train --zone us-central1-a`"
     )
     assert not any(c[0].startswith("create") for c in api.calls)
