@@ -111,7 +111,7 @@ def test_the_trainer_rematerialises_every_decoder_layer_of_the_lora_model(tp2_lo
     assert (on, off) == (6, 0)  # one region per decoder layer, none without remat
 
 
-@pytest.mark.usefixtures("unoptimized_compiles")  # op by op: hundreds of compiles, each run once
+@pytest.mark.usefixtures("unoptimized_compiles")  # three compiles, each run once
 def test_every_remat_policy_gives_the_same_lora_gradients(tp2_lora_model):
     """ "dots" remats each decoder layer with a save-the-weight-matmuls policy; "full", "dots" and
     "none" only change what is kept for the backward pass, never the gradients."""
@@ -134,11 +134,21 @@ def test_every_remat_policy_gives_the_same_lora_gradients(tp2_lora_model):
     def grads(policy):
         gemma4.set_remat(lora_model, policy)
         lora.seed_dropout(lora_model, 0, 0, mesh)  # the same LoRA dropout masks every time
-        grad_fn = nnx.value_and_grad(
-            step.loss_fn, argnums=nnx.DiffState(0, nnx.LoRAParam), has_aux=True
-        )
-        (loss, _), g = grad_fn(lora_model, **inputs)
-        return float(loss), jax.tree.leaves(nnx.state(g))
+        graphdef, state = nnx.split(lora_model)
+
+        # Jitted, as the trainer runs it: op by op, the backward pass of a model on a 2-device
+        # mesh dispatched hundreds of small sharded programs, and once in CI one of them never
+        # returned (the test hit pytest's 900 s timeout in JAX's dispatch).
+        @jax.jit
+        def loss_and_grads(state):
+            grad_fn = nnx.value_and_grad(
+                step.loss_fn, argnums=nnx.DiffState(0, nnx.LoRAParam), has_aux=True
+            )
+            (loss, _), g = grad_fn(nnx.merge(graphdef, state), **inputs)
+            return loss, nnx.state(g)
+
+        loss, g = loss_and_grads(state)
+        return float(loss), jax.tree.leaves(g)
 
     try:
         with mesh:
@@ -153,7 +163,10 @@ def test_every_remat_policy_gives_the_same_lora_gradients(tp2_lora_model):
     for policy in ("dots", "none"):
         assert results[policy][0] == pytest.approx(results["full"][0], rel=1e-6)
         for a, b in zip(results[policy][1], results["full"][1], strict=True):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-7)
+            # Equal up to float32 reassociation (each policy is its own compiled program): within
+            # 1e-5 of the factor's largest gradient, where a wrong gradient is off by its size.
+            a, b = np.asarray(a), np.asarray(b)
+            assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b)), (policy, a.shape)
 
 
 def test_adamw_moments_take_the_fitted_lora_shardings(tp2_lora_model):
