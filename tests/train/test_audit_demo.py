@@ -125,6 +125,12 @@ def test_the_two_host_demo_checkpoints_to_a_bucket_and_merges_from_it(
     host0 = (workdir / "hosts" / "host0.log").read_text()
     first = re.search(r"first step: .*", host0).group(0)  # the first segment's, before resuming
     assert first == "first step: the train step came from the persistent compilation cache"
+    # Host 1 resumes on the entry host 0 wrote (JAX writes from process 0 only; CPU processes
+    # key entries as a TPU slice's hosts do: hosts.share_cpu_cache_entries), not compiling again.
+    host1 = (workdir / "hosts" / "host1.log").read_text()
+    resumed = re.findall(r"first step: .*", host1)
+    assert len(resumed) == 2, host1[-2000:]
+    assert resumed[1] == "first step: the train step came from the persistent compilation cache"
     # The server is gone and this process's variables are as they were.
     assert {name: os.environ.get(name) for name in gcs_server.ENV_VARS} == before
 

@@ -133,6 +133,27 @@ def join(hosts: Hosts | None) -> None:
         heartbeat_timeout_seconds=hosts.heartbeat_timeout_s,
         shutdown_timeout_seconds=hosts.shutdown_timeout_s,
     )
+    if jax.default_backend() == "cpu":
+        share_cpu_cache_entries()
+
+
+def share_cpu_cache_entries() -> None:
+    """Lets CPU processes standing in for a slice's hosts (the demo's `--hosts`, the tests'
+    slices) find each other's persistent compilation cache entries, as a TPU slice's hosts do.
+
+    JAX hashes the accelerator topology into every entry's key, and its CPU client's topology
+    fingerprint differs per process, where a TPU slice's is the slice's on every host. Only
+    process 0 writes entries, so host 1 never found one and compiled the step again on every
+    resume while host 0, served from the cache, waited for it at the first barrier. Hashing the
+    devices' kinds instead is JAX's own fallback for a backend without a topology; the key still
+    holds the program and the compile options, which name every device of the assignment.
+    Nothing happens if a JAX release no longer has the function (the hosts then compile)."""
+    from jax._src import cache_key
+
+    hash_devices = getattr(cache_key, "_hash_devices", None)
+    if hash_devices is None or not hasattr(cache_key, "_hash_accelerator_config"):
+        return
+    cache_key._hash_accelerator_config = hash_devices
 
 
 # How long a host waits at a barrier for the slowest one (a host that died ends the wait sooner:
