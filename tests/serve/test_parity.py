@@ -151,13 +151,17 @@ def test_a_mismatch_names_the_prompt_and_both_continuations():
 
 @pytest.fixture(scope="module")
 def served(merged, tmp_path_factory):  # noqa: F811 - the imported session fixture
-    """vLLM serving the merged LoRA run with the demo's settings (process launcher, float32)."""
+    """vLLM serving the merged LoRA run with the demo's settings (process launcher, float32), but
+    two replicas behind one API server (--data-parallel-size 2, the throughput profile's
+    mechanism at TP 1; the demo serves one, to start sooner)."""
     out, _ = merged
     work = tmp_path_factory.mktemp("served")
     sections = demo_serving.serving_sections(
         work, demo_serving.engine_python(), demo_serving.free_port()
     )
-    serve = runconfig.ServingRunSection(**{**sections["serve"], "model_dir": str(out)})
+    serve = runconfig.ServingRunSection(
+        **{**sections["serve"], "model_dir": str(out), "data_parallel_size": 2}
+    )
     with (work / "vllm.log").open("w") as log, serve_command.serving(serve, echo=log):
         yield serve
 
