@@ -646,7 +646,10 @@ upload_venv_archive() {
     return 1
   fi
   tmp=$(mktemp -d "$TMPDIR/gemma4-venv-upload.XXXXXX")
-  tar -czf "$tmp/venv.tar.gz" -C "$(dirname "$VENV_DIR")" "$(basename "$VENV_DIR")"
+  # gzip's fastest level: for the 1.8 GB training venv 30 CPU s against 72 at its default, for
+  # a 12% larger archive (562 MiB against 501): seconds of upload, and it runs beside the
+  # trainer's data preparation and compile.
+  tar -cf - -C "$(dirname "$VENV_DIR")" "$(basename "$VENV_DIR")" | gzip -1 >"$tmp/venv.tar.gz"
   (cd "$tmp" && sha256sum venv.tar.gz >venv.tar.gz.sha256)
   retry 3 gcloud storage cp --quiet "$tmp/venv.tar.gz" "$VENV_ARCHIVE_URI"
   retry 3 gcloud storage cp --quiet "$tmp/venv.tar.gz.sha256" "$VENV_ARCHIVE_URI.sha256"
