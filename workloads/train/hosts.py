@@ -135,6 +135,7 @@ def join(hosts: Hosts | None) -> None:
     )
     if jax.default_backend() == "cpu":
         share_cpu_cache_entries()
+        share_cpu_executables()
 
 
 def share_cpu_cache_entries() -> None:
@@ -154,6 +155,29 @@ def share_cpu_cache_entries() -> None:
     if hash_devices is None or not hasattr(cache_key, "_hash_accelerator_config"):
         return
     cache_key._hash_accelerator_config = hash_devices
+
+
+# How long a CPU host waits for host 0 to compile a program and hand it over
+# (share_cpu_executables): far more than any program of the tiny models the CPU slices train
+# takes to compile on a busy machine (under a minute), far less than JAX's default of 20 minutes
+# of a hang.
+SHARED_COMPILE_TIMEOUT_S = 600
+
+
+def share_cpu_executables() -> None:
+    """Lets host 0 of a CPU stand-in slice compile each program once for all hosts: the others
+    wait for its executable through the coordination service (JAX's
+    `jax_share_binary_between_hosts`), instead of every process compiling the same program on the
+    same two cores at once (the 4-host test compiled each program four times).
+
+    Only for CPU hosts, which always share one compilation cache directory (one machine) and find
+    each other's entries (share_cpu_cache_entries): a host that missed the cache where host 0 hit
+    it would wait for an executable host 0 never sends. TPU hosts compile for themselves, as
+    before (their caches may differ: a replaced VM with a local cache directory)."""
+    import jax
+
+    jax.config.update("jax_share_binary_between_hosts", True)
+    jax.config.update("jax_share_binary_between_hosts_timeout_ms", SHARED_COMPILE_TIMEOUT_S * 1000)
 
 
 # How long a host waits at a barrier for the slowest one (a host that died ends the wait sooner:
