@@ -87,6 +87,11 @@ CONTROLLER_S = 600.0
 # The first intact checkpoint: the rest of the weights at WEIGHTS_S, the step's compile on JAX's
 # CPU backend and 4 steps (213 s measured).
 CHECKPOINT_S = 900.0
+# The first VM's venv archive in the bucket (packed and uploaded after ready, beside the
+# trainer): the preemption waits for it, so that the new VM restores the venv from it as every
+# VM after the first does (on a TPU VM the upload is done minutes before a preemption could
+# matter; here the first checkpoint can come first). About 40 s of packing and upload measured.
+VENV_ARCHIVE_S = 600.0
 # The controller's 30 s check seeing PREEMPTED, the node recreated, and the new VM's boot to its
 # trainer: venv from the bucket's archive, the release installed (77 s measured).
 RECOVER_S = 900.0
@@ -599,12 +604,40 @@ def _train(r: Rehearsal, run: TrainingRun) -> None:
             r.slow_reads.bytes_per_s = 0.0  # full speed from here on
 
 
+def _stage_end(vm: cloud_vm.CloudVm, source: str, stage: str) -> dict[str, Any] | None:
+    """The end record of `stage` (from `source`: startup, trainer, upload) in the VM's stage
+    records of its latest boot, or None while it has not ended."""
+    from workloads.common import stage_records
+
+    path = vm.machine.root / layout.RemoteLayout().stages_file.lstrip("/")
+    records = stage_records.read_records(str(path))
+    boot = stage_records.latest_boot(records)
+    ends = [
+        record
+        for record in records
+        if record.get("boot") == boot
+        and record.get("source") == source
+        and record.get("stage") == stage
+        and record.get("event") == "end"
+    ]
+    return ends[-1] if ends else None
+
+
 def _preempt(r: Rehearsal, run: TrainingRun) -> None:
+    vm = run.on()
     with r.stage("preempt") as note:
+        _wait(
+            "the venv archive's upload",
+            lambda: _stage_end(vm, "upload", "venv_upload") is not None,
+            VENV_ARCHIVE_S,
+            vm,
+        )
+        upload = _stage_end(vm, "upload", "venv_upload") or {}
         run.control.api.preempt(run.node)
         note.append(
-            f"{run.on().name}: the API took the node back (PREEMPTED, SIGKILL to PID 1) after "
-            f"step {run.saved} was saved"
+            f"{vm.name}: the API took the node back (PREEMPTED, SIGKILL to PID 1) after "
+            f"step {run.saved} was saved and the venv archive "
+            + ("uploaded" if upload.get("ok") else f"failed to upload ({upload.get('note')})")
         )
 
 
@@ -675,8 +708,10 @@ def _merge(r: Rehearsal, run: TrainingRun) -> None:
         )
         meta = json.loads(r.gcs.get(f"{merged}/merge_metadata.json"))
         note.append(f"{vm.name}: merged step {meta.get('step', '?')} into {merged}")
+        venv = _stage_end(vm, "startup", "venv") or {}
         r.ran.append(
-            f"{vm.name}: startup script (venv from the bucket's archive), resume, merge, release"
+            f"{vm.name}: startup script (venv {venv.get('note') or 'not recorded'}), resume, "
+            "merge, release"
         )
 
 
