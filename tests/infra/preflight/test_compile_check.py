@@ -369,7 +369,6 @@ def test_the_dev_step_is_the_prod_step_with_a_smaller_adapter():
     assert dev["lora"]["rank"] < prod["lora"]["rank"]
 
 
-@pytest.mark.slow  # a real 6-layer compile for the TPU: 140-150 s of one core
 def test_the_stack_step_compiles_for_a_v5p8_without_a_tpu():
     """The 31B step of the prod stack (rank 64; mesh fsdp=1 tp=4, 4 x 3072 tokens, no remat) at a
     6-layer slice (5 sliding + 1 global, the real per-layer shapes), compiled for a v5p-8 by
