@@ -63,10 +63,10 @@ LEASE_S = 20
 # How long the first VM's base model weights take to stage from the bucket by default (their
 # reads are slowed to that: localcloud/throttle.py), so that the boot's stage records show the
 # trainer's data and compile finishing while the weights still arrive, as on a VM staging ~62 GB.
-# Long enough for python, the venv, the deploy, the data and a compile on 2 busy cores (in CI the
-# rehearsal runs beside the slow tests: at 150 s the compile ended after the weights there); the
-# new VM after the preemption stages at full speed (nothing more to show). CI does not wait for
-# it: the slow tests beside the rehearsal take longer than the whole rehearsal.
+# Long enough for python, the venv, the deploy, the data and a compile on 2 busy cores (in CI,
+# beside the slow tests, at 150 s the compile ended after the weights); the new VM after the
+# preemption stages at full speed (nothing more to show). CI does not wait for it: the default
+# suite beside the rehearsal takes longer than the whole rehearsal.
 WEIGHTS_S = 240.0
 # run's exit status when this machine cannot build or boot containers (not root, a tool missing).
 EXIT_CANNOT_BOOT = 2
@@ -247,8 +247,7 @@ class Rehearsal:
         out.mkdir(parents=True, exist_ok=True)
         (out / "gemma4-startup.log").write_text(vm.startup_log())
         with contextlib.suppress(OSError):
-            stages = vm.machine.root / layout.RemoteLayout().stages_file.lstrip("/")
-            shutil.copy(stages, out / "stages.jsonl")
+            shutil.copy(_stages_path(vm), out / "stages.jsonl")
         with contextlib.suppress(MachineError):
             if vm.machine.running():
                 journal = vm.machine.run(["journalctl", "--no-pager", "-o", "short"], check=False)
@@ -604,19 +603,28 @@ def _train(r: Rehearsal, run: TrainingRun) -> None:
             r.slow_reads.bytes_per_s = 0.0  # full speed from here on
 
 
+def _stages_path(vm: cloud_vm.CloudVm) -> pathlib.Path:
+    """The VM's stage records file, seen from this machine."""
+    return vm.machine.root / layout.RemoteLayout().stages_file.lstrip("/")
+
+
+def _boot_records(vm: cloud_vm.CloudVm) -> tuple[pathlib.Path, list[dict[str, Any]]]:
+    """The VM's stage records file, and the records of its latest boot."""
+    from workloads.common import stage_records
+
+    path = _stages_path(vm)
+    records = stage_records.read_records(str(path))
+    boot = stage_records.latest_boot(records)
+    return path, [record for record in records if record.get("boot") == boot]
+
+
 def _stage_end(vm: cloud_vm.CloudVm, source: str, stage: str) -> dict[str, Any] | None:
     """The end record of `stage` (from `source`: startup, trainer, upload) in the VM's stage
     records of its latest boot, or None while it has not ended."""
-    from workloads.common import stage_records
-
-    path = vm.machine.root / layout.RemoteLayout().stages_file.lstrip("/")
-    records = stage_records.read_records(str(path))
-    boot = stage_records.latest_boot(records)
     ends = [
         record
-        for record in records
-        if record.get("boot") == boot
-        and record.get("source") == source
+        for record in _boot_records(vm)[1]
+        if record.get("source") == source
         and record.get("stage") == stage
         and record.get("event") == "end"
     ]
@@ -736,15 +744,11 @@ def _overlap(vm: cloud_vm.CloudVm) -> str:
         RehearsalError: the trainer did not start while the weights arrived, or the records lack
             a stage.
     """
-    from workloads.common import stage_records
-
-    path = vm.machine.root / layout.RemoteLayout().stages_file.lstrip("/")
-    records = stage_records.read_records(str(path))
-    boot = stage_records.latest_boot(records)
+    path, records = _boot_records(vm)
     at = {
         (r["source"], r["stage"], r["event"]): float(r["at"])
         for r in records
-        if r.get("boot") == boot and (r.get("event") == "start" or r.get("ok"))
+        if r.get("event") == "start" or r.get("ok")
     }
     needed = (
         ("startup", "weights", "end"),
