@@ -14,6 +14,8 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from workloads.model import tracer_sharding
+
 if TYPE_CHECKING:
     import jax
     from flax import nnx
@@ -82,6 +84,7 @@ def apply_lora(
     import qwix
     from flax import nnx
 
+    tracer_sharding.install()  # this process's traces of the model (see the module)
     provider = qwix.LoraProvider(
         module_path=target_regex(lora.targets),
         rank=lora.rank,

@@ -21,6 +21,7 @@ import flax.struct
 
 from workloads.checkpoint import checksums
 from workloads.contract import runconfig
+from workloads.model import tracer_sharding
 from workloads.train import checkpoints, packed_attention, vocab_loss
 
 if TYPE_CHECKING:
@@ -241,6 +242,7 @@ class TrainableOnlyStep:
         import jax
         from flax import nnx
 
+        tracer_sharding.install()  # the step's trace (see the module)
         self.model = model
         self.optimizer = optimizer
         self.frozen = nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))
