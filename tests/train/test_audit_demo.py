@@ -82,6 +82,10 @@ def test_demo_with_the_default_workdir_prints_the_summary_and_the_merge_figure(r
     log = (workdir / "demo.log").read_text()
     rows = re.search(r"wrote (\d+) rows", out).group(1)
     assert f"data: {rows} rows read" in log and "stage load started" in log
+    # Both training segments' first step found the step compile-ahead compiled beside the
+    # loading (a mismatch compiles it a second time: minutes for the 31B step on a TPU host).
+    first_steps = re.findall(r"first step: the train step (.*)", log)
+    assert first_steps == ["came from the persistent compilation cache"] * 2, first_steps
 
     # The same command again is refused in one line, and the demo is left as it was.
     assert cli.main(["demo", "--steps", "4", "--rows", "48"]) == 2

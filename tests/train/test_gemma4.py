@@ -129,6 +129,19 @@ def test_lora_on_a_tp_mesh_shards_heads_and_fits(tiny_model_dir):
     assert specs["layers/0/attn/kv_einsum/w_lora_b"] == (None, None, "tp", None)  # (r, 2, K, H)
     assert specs["layers/5/attn/k_einsum/w_lora_b"] == (None, "tp", None)  # (r, Kg, Hg)
     assert specs["layers/0/mlp/gate_proj/kernel_lora_b"] == (None, "tp")
+    # The adapted model holds the loaded base arrays themselves, not copies the init program
+    # returned (a second copy of the weights in HBM, placed as the compiler chose: here without
+    # the size-1 fsdp axis, so the trainer's step no longer matched compile-ahead's).
+    loaded = {p: v.get_value() for p, v in nnx.iter_graph(base) if isinstance(v, nnx.Param)}
+    kept = {
+        p: v.get_value()
+        for p, v in nnx.iter_graph(lora_model)
+        if isinstance(v, nnx.Param) and not isinstance(v, nnx.LoRAParam)
+    }
+    assert kept.keys() == loaded.keys() and len(kept) > 0
+    assert all(kept[p] is loaded[p] for p in kept)
+    kernel = kept[("layers", 0, "mlp", "gate_proj", "kernel")]
+    assert tuple(kernel.sharding.spec) == ("fsdp", "tp")
 
 
 def test_tiny_model_layout(tiny_model_dir):

@@ -80,6 +80,7 @@ def apply_lora(
         A new module (Qwix clones the model) whose adapters are `nnx.LoRAParam`s, placed on the
         mesh with specs that fit it, with a dropout RNG stream when lora.dropout > 0.
     """
+    import jax
     import jax.numpy as jnp
     import qwix
     from flax import nnx
@@ -106,8 +107,10 @@ def apply_lora(
             base, provider, **dummy, rngs=nnx.Rngs(params=seed, dropout=seed)
         )
 
-    def adapters(base: nnx.Module) -> Any:
-        return nnx.state(add_adapters(base), nnx.LoRAParam)
+    graphdef, base_state = nnx.split(model)
+
+    def adapters(state: Any) -> Any:
+        return nnx.state(add_adapters(nnx.merge(graphdef, state)), nnx.LoRAParam)
 
     with mesh:
         # The init pass is traced twice and never run op by op: once for the adapted model's
@@ -115,11 +118,15 @@ def apply_lora(
         # adapters. Run eagerly it compiled 216 one-op programs, each one persistent-cache
         # lookup too (an object read per program when the cache is in a bucket): a 4-device tiny
         # model loaded in 26.8 s on 2 cores without a cache, 8.5 s this way. A host of a slice
-        # could not run it eagerly anyway (its arrays span other hosts' devices). The base
-        # weights are not outputs of the program, so they are never copied: the adapted model
-        # holds the loaded arrays.
+        # could not run it eagerly anyway (its arrays span other hosts' devices).
+        # A plain jax.jit of the state, not nnx.jit of the module: nnx.jit returns the input
+        # module's state too, so every base weight came back as a copy (a second copy of the
+        # weights in HBM while it ran), placed as the compiler chose (a mesh axis of size 1
+        # dropped from its spec), and the trainer's step then no longer matched the one
+        # compile-ahead had compiled from the specs (a cache miss: the step compiled twice).
+        # The adapted model holds the loaded arrays themselves.
         lora_model = nnx.eval_shape(add_adapters, model)
-        nnx.update(lora_model, nnx.state(model), nnx.jit(adapters)(model))
+        nnx.update(lora_model, base_state, jax.jit(adapters)(base_state))
         fix_lora_sharding(lora_model, mesh)
     if lora.dropout > 0:
         # Qwix unsets the init RNGs; dropout needs a stream of its own on every module.
