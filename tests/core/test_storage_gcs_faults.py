@@ -1,10 +1,14 @@
 """storage.py's gs:// calls under faults injected between gcsfs and a GCS protocol server
 (tests/fixtures/gcs_faults.py): transient failures are retried until they pass, a stalled
 connection is abandoned after the socket timeout, a permanent failure is one line naming the
-object."""
+object; a TensorStore write (Orbax's checkpoint path) through a stall is abandoned and
+retried within its bound."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import aiohttp
@@ -74,6 +78,41 @@ def test_a_server_that_keeps_stalling_gives_one_line_within_the_bound(gcs_faults
     # 6 tries x 0.5 s + backoff sleeps 1+2+4+8+16 s (+ < 1 s jitter each)
     assert took < 6 * 0.5 + 36 + 5, took
     assert gcs_faults.proxy.count("stall") == 6
+
+
+# A TensorStore write (what Orbax's checkpoint save does for every array) through a stall, in a
+# fresh process (libcurl reads the variables once per process), with our defaults only.
+_TS_WRITE = """
+import os, sys, time
+from workloads.common import storage  # noqa: F401  (sets TensorStore's stall bound)
+import tensorstore as ts
+kv = ts.KvStore.open({"driver": "gcs", "bucket": sys.argv[1]}).result()
+started = time.time()
+kv.write("checkpoints/1/d/chunk", b"y" * 1000).result()
+print("written after", round(time.time() - started, 1), flush=True)
+"""
+
+
+@pytest.mark.slow  # a 60 s stall, waited out (the machine meanwhile mostly idle)
+def test_a_checkpoint_write_that_stalls_is_abandoned_and_retried_within_the_bound(gcs_faults):
+    """A connection that goes silent and stays so (here 300 s) must not hold a save for as long
+    as it lasts: abandoned after storage.TENSORSTORE_STALL_S and retried. Without the bound the
+    write waited the whole stall (measured: 40.0 s of a 40 s stall)."""
+    gcs_faults.add("stall", seconds=300, method="POST")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORSTORE_CURL")}
+    started = time.time()
+    done = subprocess.run(
+        [sys.executable, "-c", _TS_WRITE, gcs_faults.bucket.removeprefix("gs://")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=250,
+    )
+    took = time.time() - started
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "written after" in done.stdout
+    assert gcs_faults.proxy.count("stall") == 1 and gcs_faults.proxy.count("pass") >= 1
+    assert storage.TENSORSTORE_STALL_S <= took < storage.TENSORSTORE_STALL_S + 30, took
 
 
 def test_a_403_is_one_line_naming_the_object(gcs_faults):
