@@ -113,7 +113,6 @@ def frozen_holder(reference_run, config_for, gcs_server, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.alone
 def test_a_frozen_holder_stops_with_one_line_and_no_restart(frozen_holder):
     assert frozen_holder.continued  # it ran again beside its successor
     # Exit status 2: gemma4-train.service does not restart it (RestartPreventExitStatus=2 3).
@@ -129,7 +128,6 @@ def test_a_frozen_holder_stops_with_one_line_and_no_restart(frozen_holder):
 
 
 @pytest.mark.slow
-@pytest.mark.alone
 def test_the_successor_took_over_after_watching_the_lease(frozen_holder):
     lines = frozen_holder.successor_lines
     assert any(
@@ -145,7 +143,6 @@ def test_the_successor_took_over_after_watching_the_lease(frozen_holder):
 
 
 @pytest.mark.slow
-@pytest.mark.alone
 def test_the_run_beside_a_frozen_holder_ends_as_an_uninterrupted_one(frozen_holder, reference_run):
     run = frozen_holder.run
     assert metric_steps(run) == list(range(1, STEPS + 1))  # every step once
@@ -163,7 +160,6 @@ def test_the_run_beside_a_frozen_holder_ends_as_an_uninterrupted_one(frozen_hold
 
 
 @pytest.mark.slow
-@pytest.mark.alone
 def test_each_step_records_the_lock_generation_it_was_saved_under(frozen_holder):
     from workloads.train import resume
 
