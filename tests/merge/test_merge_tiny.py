@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from tests.merge.conftest import ALPHA, RANK, SHARD_SIZE, STEPS, jax_logits
+from tests.merge.conftest import ALPHA, RANK, SHARD_SIZE, STEPS, jax_logits, single_device_mesh
 from workloads import cli, merge
 from workloads.common import errors
 from workloads.merge import mapping, stream
@@ -36,6 +36,25 @@ def test_compare_logits_restores_the_lora_model_through_tunix(lora_run, merged):
     comparison = merge.compare_logits(str(lora_run.base), str(lora_run.run), str(out))
     assert comparison.seq_len > 2 * 16 and comparison.lora_effect > 0.5
     assert comparison.max_abs_diff < TOL, comparison.summary()
+
+
+def test_the_logits_pass_leaves_the_models_arrays_as_they_were(lora_run):
+    """verify.forward runs the model as one compiled program, which hands back the model's
+    state: the caller's model still holds its own arrays afterwards (not copies placed as the
+    compiler chose), and a second pass gives the same logits."""
+    from flax import nnx
+
+    from workloads.merge import verify
+    from workloads.model import gemma4
+
+    mesh = single_device_mesh()
+    model = gemma4.load_model(lora_run.base, mesh=mesh, dtype="float32")
+    before = [v.get_value() for _, v in nnx.iter_graph(model) if isinstance(v, nnx.Param)]
+    first = verify.forward(model, lora_run.tokens, mesh)
+    after = [v.get_value() for _, v in nnx.iter_graph(model) if isinstance(v, nnx.Param)]
+    assert len(after) == len(before) > 0 and all(a is b for a, b in zip(after, before, strict=True))
+    np.testing.assert_array_equal(verify.forward(model, lora_run.tokens, mesh), first)
+    np.testing.assert_allclose(first, lora_run.base_logits, rtol=0, atol=1e-4)
 
 
 def test_hf_transformers_loads_it_with_no_missing_keys_and_the_same_logits(lora_run, merged):

@@ -284,8 +284,16 @@ def forward(model: Any, tokens: Any, mesh: Any) -> np.ndarray:
     mask = jnp.broadcast_to(
         jnp.tril(jnp.ones((length, length), jnp.bool_)), (batch, length, length)
     )
+    import jax
+    from flax import nnx
+
+    # nnx.jit writes the module's state back from the program's outputs: copies of every weight,
+    # placed as the compiler chose. It gets a module of its own (new variables over the same
+    # arrays), so the caller's model keeps its arrays.
+    graphdef, state = nnx.split(model)
+    view = nnx.merge(graphdef, jax.tree.map(lambda leaf: leaf, state))
     with mesh:
-        logits = _compiled_logits()(model, jnp.asarray(tokens), positions, mask)
+        logits = _compiled_logits()(view, jnp.asarray(tokens), positions, mask)
     return np.asarray(logits, dtype=np.float32)
 
 
