@@ -6,8 +6,8 @@ init pass creates. On a value being traced the attribute does not exist, and JAX
 property builds the AttributeError's message (which `getattr` then throws away) by walking every
 equation traced so far to say where the value came from (`find_progenitors`). Done once per
 replace, that walk is quadratic in the length of the program: 245 such probes took 1.0 of the
-1.8 s of the tiny model's LoRA init trace, and a trainer process on the tiny model ran 8% longer
-with them (24.4 s against 26.1 s for the 8-step reference run; tests/train/conftest.py).
+1.8 s of the tiny model's LoRA init trace, and the 8-step reference run of tests/train/conftest.py
+took 26.1 s with them, 23.2-24.4 s without (four runs).
 
 `install` gives the tracer of `jax.jit`/`nnx.eval_shape` traces a `sharding` property that
 raises the AttributeError JAX's own `Tracer.__getattr__` raises for it (the same message,
