@@ -340,7 +340,15 @@ def _deploy(props: dict[str, Any], host: str, key: pathlib.Path, known_hosts: pa
     ssh_deployment.SshDeploymentProvider().deploy(inputs, settings)
 
 
-def _wait(what: str, check: Callable[[], bool], timeout_s: float, vm: cloud_vm.CloudVm) -> None:
+def _wait(
+    what: str,
+    check: Callable[[], bool],
+    timeout_s: float,
+    vm: cloud_vm.CloudVm,
+    explain: Callable[[], str] | None = None,
+) -> None:
+    """Waits for `check`; on timeout the error names `vm`'s journal and, from `explain`, what
+    the wait saw last (CI keeps only the tail of the output: the failure must say why)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if check():
@@ -348,9 +356,15 @@ def _wait(what: str, check: Callable[[], bool], timeout_s: float, vm: cloud_vm.C
         if not vm.machine.running():
             raise RehearsalError(f"{vm.name} stopped while waiting for {what}")
         time.sleep(2)
+    seen = ""
+    if explain is not None:
+        try:
+            seen = explain()
+        except Exception as exc:  # the diagnosis must not hide the timeout
+            seen = f"(no diagnosis: {exc})"
     raise RehearsalError(
         f"{what}: not within {timeout_s:.0f} s on {vm.name} (its journal: "
-        f"journalctl -D {vm.machine.root}/var/log/journal)"
+        f"journalctl -D {vm.machine.root}/var/log/journal)" + (f"\n{seen}" if seen else "")
     )
 
 
@@ -596,8 +610,17 @@ def _train(r: Rehearsal, run: TrainingRun) -> None:
             CHECKPOINT_S,
             vm,
         )
+        # Held where it is until the preemption: the trainer runs on while the venv archive
+        # still uploads (the next stage waits for it), and a busy CI machine once gave it the
+        # ~20 s it needed to finish all 12 steps: the controller then found the run finished
+        # and rightly recreated nothing. SIGSTOP to every process of the unit; the preemption
+        # SIGKILLs them as it would the running ones.
+        vm.machine.run(["systemctl", "kill", "--signal=SIGSTOP", "gemma4-train.service"])
         run.saved = _saved_steps(r, run.run_dir)[-1]
-        note.append(f"step {run.saved} saved intact to {run.run_dir}/checkpoints")
+        note.append(
+            f"step {run.saved} saved intact to {run.run_dir}/checkpoints (the trainer held "
+            "there until the preemption)"
+        )
         if r.slow_reads is not None:
             note.append(_overlap(vm))
             r.slow_reads.bytes_per_s = 0.0  # full speed from here on
@@ -662,6 +685,7 @@ def _recover(r: Rehearsal, run: TrainingRun) -> None:
             ),
             RECOVER_S,
             run.watching(),
+            functools.partial(_recovery_seen, control, node, old, run.watching()),
         )
         run.vm = control.hooks.vms[node]
         creator = _created_by(control, node)
@@ -669,6 +693,36 @@ def _recover(r: Rehearsal, run: TrainingRun) -> None:
             f"{creator.removeprefix('serviceAccount:')} recreated the node; {run.vm.name} booted, "
             "installed the release from the bucket and started its trainer (no deploy)"
         )
+
+
+def _recovery_seen(
+    control: control_plane.ControlPlane,
+    node: str,
+    old: cloud_vm.CloudVm,
+    controller: cloud_vm.CloudVm,
+) -> str:
+    """What a recovery that did not happen left: the controller's last lines, the node's state
+    in the API, and the new VM's units and startup script, if there is one."""
+    lines = [
+        f"  the node in the API: {control.api.state(node) or 'gone'}",
+        f"  {controller.name}'s gemma4-recover.service: "
+        f"{_unit_state(controller, 'gemma4-recover.service')}; its last lines:",
+        *(f"    {line}" for line in _journal_tail(controller, "gemma4-recover", 8).splitlines()),
+    ]
+    vm = control.hooks.vms.get(node)
+    if vm is None or vm is old:
+        lines.append("  no new VM was booted for the node")
+    else:
+        units = ("google-startup-scripts.service", "gemma4-train.service")
+        lines.append(
+            f"  {vm.name}: "
+            + ", ".join(f"{unit} {_unit_state(vm, unit)}" for unit in units)
+            + "; its startup script's last lines:"
+        )
+        lines += [
+            f"    {line}" for line in _journal_tail(vm, "google-startup-scripts", 8).splitlines()
+        ]
+    return "\n".join(lines)
 
 
 def _resume(r: Rehearsal, run: TrainingRun) -> None:
