@@ -47,7 +47,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -84,7 +84,13 @@ IDLE_S = 15.0
 class StandIns(local_tpu.NoWorkers):
     """Workers without a machine: each node's trainer is a thread that writes a step to the
     run's metrics.jsonl in the bucket every STEP_S seconds, from the node's boot until the API
-    preempts or deletes it."""
+    preempts or deletes it, or the test ends (`stop_every`)."""
+
+    # Every trainer thread started in this process. A node still up when its test ends would
+    # otherwise keep writing for the rest of the worker's life, to whatever gs:// server the
+    # environment names by then: once another test's fault proxy (its one stalled POST taken by
+    # this thread, that test failed) and, after the last server, storage.googleapis.com.
+    _threads: ClassVar[list[tuple[threading.Thread, threading.Event]]] = []
 
     def __init__(self, run_dir: str) -> None:
         super().__init__()
@@ -97,8 +103,19 @@ class StandIns(local_tpu.NoWorkers):
         stop = threading.Event()
         with self._lock:
             self.trainers[str(node["id"])] = stop
-        threading.Thread(target=self._train, args=(str(node["id"]), stop), daemon=True).start()
+        thread = threading.Thread(target=self._train, args=(str(node["id"]), stop), daemon=True)
+        StandIns._threads.append((thread, stop))
+        thread.start()
         return workers
+
+    @classmethod
+    def stop_every(cls) -> None:
+        """Stops every trainer thread and waits for a write in flight to end."""
+        threads, cls._threads = cls._threads, []
+        for _, stop in threads:
+            stop.set()
+        for thread, _ in threads:
+            thread.join(timeout=60)
 
     def _train(self, node_id: str, stop: threading.Event) -> None:
         step = 0
@@ -120,6 +137,12 @@ class StandIns(local_tpu.NoWorkers):
         """The ids of the nodes whose trainer runs."""
         with self._lock:
             return set(self.trainers)
+
+
+@pytest.fixture(autouse=True)
+def _stand_ins_stop_with_their_test() -> Iterator[None]:
+    yield
+    StandIns.stop_every()
 
 
 @dataclasses.dataclass
