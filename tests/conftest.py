@@ -30,3 +30,13 @@ pytest_plugins: list[str] = [
     "tests.fixtures.localcloud",
     "tests.fixtures.tpu_api",
 ]
+
+
+def pytest_collection_modifyitems(config, items):
+    """In an xdist worker: the test files heaviest first (tests/scheduling.py), so that the
+    longest files start first and the workers end close together."""
+    if not hasattr(config, "workerinput"):
+        return  # one process: the order does not change the time
+    from tests import scheduling
+
+    items[:] = scheduling.heaviest_files_first(items, scheduling.load())
