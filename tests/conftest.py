@@ -33,10 +33,12 @@ pytest_plugins: list[str] = [
 
 
 def pytest_collection_modifyitems(config, items):
-    """In an xdist worker: the test files heaviest first (tests/scheduling.py), so that the
-    longest files start first and the workers end close together."""
-    if not hasattr(config, "workerinput"):
-        return  # one process: the order does not change the time
+    """In an xdist worker run with `--no-loadscope-reorder` (CI's waiting slow tests): the test
+    files heaviest first (tests/scheduling.py), so that the longest files start first and the
+    workers end close together. Without the option xdist sorts the files by their number of
+    tests whatever this order is; in one process the order does not change the time."""
+    if not hasattr(config, "workerinput") or config.getoption("loadscopereorder", True):
+        return
     from tests import scheduling
 
     items[:] = scheduling.heaviest_files_first(items, scheduling.load())

@@ -3,20 +3,20 @@
 With `--dist loadfile` each file runs whole in one worker, and a worker takes the next file in
 the queue when it is nearly done with its own. xdist's default queue puts the files with the
 most tests first, which says nothing of their time: a file of one 3-minute test could start
-last, and the step then waits minutes for one worker while the others idle (CI, 2026-11-30:
-the waiting slow tests' three workers ended 350, 351 and 430 s in). Longest first (the LPT
-rule) ends the workers close together.
+last, and the step then waits minutes for one worker while the others idle (2026-11-30: the
+waiting slow tests' three workers ran 416, 287 and 352 s of tests, the step 430 s). Longest
+first (the LPT rule) ends the workers close together.
 
 The weights are the seconds each file took (setup, call and teardown of its tests) in a run
 with `--durations=0`, kept in tests/durations.json by `benchmarks/record_test_durations.py`.
 A file not in the table weighs nothing and goes after the weighed ones, in collection order.
 
-xdist keeps this order only with `--no-loadscope-reorder`, which .ci/run passes to the waiting
-slow tests: a few files of one to three long tests each, where it paid (that step 484 s against
-548 s). Otherwise xdist sorts the files by their number of tests and this order only breaks
-ties: in the default suite, with the heaviest files first, the CPU-heavy ones (the deviceless
-31B compile, the reference run, the kernel checks) all ran at once beside the rehearsal's VM
-boots, and the suite took 879 s against 793-827 s.
+The order applies with `--no-loadscope-reorder` only (tests/conftest.py), which also makes
+xdist keep it; .ci/run passes it to the waiting slow tests: a few files of one to three long
+tests each, where it paid (that step 484 s against 548 s). Other runs keep xdist's own order
+(the files with most tests first): in the default suite, with the heaviest files first, the
+CPU-heavy ones (the deviceless 31B compile, the reference run, the kernel checks) all ran at
+once beside the rehearsal's VM boots, and the suite took 879 s against 793-827 s.
 """
 
 from __future__ import annotations

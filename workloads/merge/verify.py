@@ -277,16 +277,15 @@ def forward(model: Any, tokens: Any, mesh: Any) -> np.ndarray:
     eagerly, each pass compiled about 200 one-op programs (each also a persistent-cache entry),
     and a greedy decode of 8 tokens dispatched them 8 times over.
     """
+    import jax
     import jax.numpy as jnp
+    from flax import nnx
 
     batch, length = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
     mask = jnp.broadcast_to(
         jnp.tril(jnp.ones((length, length), jnp.bool_)), (batch, length, length)
     )
-    import jax
-    from flax import nnx
-
     # nnx.jit writes the module's state back from the program's outputs: copies of every weight,
     # placed as the compiler chose. It gets a module of its own (new variables over the same
     # arrays), so the caller's model keeps its arrays.
